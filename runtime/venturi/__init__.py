@@ -1,0 +1,47 @@
+"""venturi: typed background jobs on PostgreSQL.
+
+Everything public is exported here; submodules prefixed with `_` are private.
+"""
+
+from venturi.backoff import Backoff
+from venturi.context import Context
+from venturi.errors import (
+    AttachmentTooLarge,
+    DuplicateKindError,
+    PayloadError,
+    StoreClosedError,
+    VenturiError,
+)
+from venturi.identity import WorkerIdentity
+from venturi.jobs import Job, JobStatus, JournalEntry, JournalOutcome, Stats
+from venturi.outcome import Outcome, PanicPolicy, TaskError
+from venturi.postgres import PostgresStore
+from venturi.queue import Queue
+from venturi.task import Priority, Task
+from venturi.worker import Worker
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AttachmentTooLarge",
+    "Backoff",
+    "Context",
+    "DuplicateKindError",
+    "Job",
+    "JobStatus",
+    "JournalEntry",
+    "JournalOutcome",
+    "Outcome",
+    "PanicPolicy",
+    "PayloadError",
+    "PostgresStore",
+    "Priority",
+    "Queue",
+    "Stats",
+    "StoreClosedError",
+    "Task",
+    "TaskError",
+    "VenturiError",
+    "Worker",
+    "WorkerIdentity",
+]

@@ -1,0 +1,206 @@
+-- Every statement venturi runs, by name. `{prefix}` is replaced by the validated table
+-- prefix; `$n` are asyncpg parameters. Names are noun_verb so related queries sort together.
+-- Times always come from the database clock (now()), never from a worker's.
+
+-- job_insert --
+-- Enqueue one job and wake listeners (delivered at commit).
+WITH inserted AS (
+    INSERT INTO {prefix}_jobs (id, kind, queue, priority, run_at, payload,
+                               lease_s, backoff_base_s, backoff_cap_s, dedup_key)
+    VALUES ($1, $2, $3, $4, coalesce($5, now() + make_interval(secs => coalesce($6, 0))),
+            $7::text::jsonb, $8, $9, $10, $11)
+    RETURNING kind
+)
+SELECT pg_notify($12, kind) FROM inserted;
+
+-- job_insert_many --
+-- Enqueue many jobs in one statement (arrays + unnest), one notification per kind.
+WITH inserted AS (
+    INSERT INTO {prefix}_jobs (id, kind, queue, priority, run_at, payload,
+                               lease_s, backoff_base_s, backoff_cap_s, dedup_key)
+    SELECT r.id, r.kind, r.queue, r.priority,
+           coalesce(r.run_at, now() + make_interval(secs => coalesce(r.delay_s, 0))),
+           r.payload::jsonb, r.lease_s, r.backoff_base_s, r.backoff_cap_s, r.dedup_key
+    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::timestamptz[],
+                $6::float8[], $7::text[], $8::float8[], $9::float8[], $10::float8[], $11::text[])
+         AS r(id, kind, queue, priority, run_at, delay_s, payload,
+              lease_s, backoff_base_s, backoff_cap_s, dedup_key)
+    RETURNING kind
+)
+SELECT pg_notify($12, kind) FROM (SELECT DISTINCT kind FROM inserted) AS kinds;
+
+-- job_claim --
+-- Claim up to $5 eligible jobs in claim order (priority tier, then age), skipping rows
+-- other workers hold. Matches {prefix}_jobs_claim_idx, so it stays an index scan at any
+-- backlog. Each claim gets a fresh token that guards every later write to the job.
+WITH picked AS (
+    SELECT id FROM {prefix}_jobs
+    WHERE status = 'pending' AND queue = $1 AND kind = ANY($2::text[])
+      AND priority BETWEEN $3 AND $4 AND run_at <= now()
+    ORDER BY priority DESC, run_at, id
+    LIMIT $5
+    FOR UPDATE SKIP LOCKED
+)
+UPDATE {prefix}_jobs AS j SET
+    status = 'claimed',
+    run_count = j.run_count + 1,
+    claim_token = gen_random_uuid(),
+    claimed_at = now(),
+    claimed_by = $6,
+    claimed_pod = $7,
+    lease_until = now() + make_interval(secs => coalesce(j.lease_s, $8))
+FROM picked
+WHERE j.id = picked.id
+RETURNING j.id, j.kind, j.payload::text, j.carry::text, j.run_count, j.failures, j.claim_token,
+          coalesce(j.lease_s, $8) AS lease_s, j.backoff_base_s, j.backoff_cap_s,
+          extract(epoch FROM now() - j.run_at)::float8 AS waited_s,
+          (SELECT jsonb_agg(jsonb_build_object(
+                      'run', h.run, 'outcome', h.outcome, 'at', h.at, 'note', h.note,
+                      'attachment', h.attachment, 'duration_s', h.duration_s,
+                      'worker', h.worker) ORDER BY h.id)
+           FROM {prefix}_journal AS h WHERE h.job_id = j.id)::text AS history;
+
+-- job_settle_many --
+-- Settle a batch of outcomes and write their journal rows in one statement. Each row is
+-- guarded by its claim token: a job recovered and reclaimed elsewhere is left untouched.
+WITH s AS (
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
+                         $6::bool[], $7::text[], $8::text[], $9::float8[])
+        AS s(id, token, outcome, delay_s, carry, set_carry, note, attachment, duration_s)
+), settled AS (
+    UPDATE {prefix}_jobs AS j SET
+        status = CASE WHEN s.outcome IN ('completed', 'dead') THEN s.outcome ELSE 'pending' END,
+        run_at = CASE WHEN s.outcome IN ('completed', 'dead') THEN j.run_at
+                      ELSE now() + make_interval(secs => s.delay_s) END,
+        finished_at = CASE WHEN s.outcome IN ('completed', 'dead') THEN now() END,
+        carry = CASE WHEN s.set_carry THEN s.carry::jsonb ELSE j.carry END,
+        failures = j.failures + CASE WHEN s.outcome IN ('failed', 'dead') THEN 1 ELSE 0 END,
+        last_error = CASE WHEN s.outcome IN ('failed', 'dead') THEN s.note ELSE j.last_error END,
+        claim_token = NULL,
+        lease_until = NULL
+    FROM s
+    WHERE j.id = s.id AND j.claim_token = s.token AND j.status = 'claimed'
+    RETURNING j.id, j.kind, j.run_count, j.status
+), journal AS (
+    INSERT INTO {prefix}_journal (job_id, run, outcome, note, attachment, duration_s, worker)
+    SELECT s.id, settled.run_count, s.outcome, s.note, s.attachment::jsonb, s.duration_s, $10
+    FROM s JOIN settled ON settled.id = s.id
+), woken AS (
+    SELECT pg_notify($11, kind) FROM (SELECT DISTINCT kind FROM settled
+                                      WHERE status = 'pending') AS kinds
+)
+SELECT settled.id, (SELECT count(*) FROM woken) AS woken FROM settled;
+
+-- job_renew_leases --
+-- Extend the leases of jobs whose handlers are alive. Returns the jobs still owned; a job
+-- missing from the result was recovered elsewhere and must not be settled by this worker.
+UPDATE {prefix}_jobs AS j
+SET lease_until = now() + make_interval(secs => r.lease_s)
+FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) AS r(id, token, lease_s)
+WHERE j.id = r.id AND j.claim_token = r.token AND j.status = 'claimed'
+RETURNING j.id;
+
+-- job_select_stale --
+-- Lock claimed jobs whose lease expired (their worker died or hung), oldest first.
+SELECT id, kind, run_count, failures, backoff_base_s, backoff_cap_s, claimed_by
+FROM {prefix}_jobs
+WHERE status = 'claimed' AND lease_until < now()
+ORDER BY lease_until
+LIMIT $1
+FOR UPDATE SKIP LOCKED;
+
+-- job_recover_many --
+-- Re-pend (with backoff) or kill (backstop reached) jobs locked by job_select_stale.
+WITH r AS (
+    SELECT * FROM unnest($1::uuid[], $2::bool[], $3::float8[], $4::text[])
+        AS r(id, dead, delay_s, note)
+), recovered AS (
+    UPDATE {prefix}_jobs AS j SET
+        status = CASE WHEN r.dead THEN 'dead' ELSE 'pending' END,
+        run_at = CASE WHEN r.dead THEN j.run_at ELSE now() + make_interval(secs => r.delay_s) END,
+        finished_at = CASE WHEN r.dead THEN now() END,
+        failures = j.failures + 1,
+        last_error = r.note,
+        claim_token = NULL,
+        lease_until = NULL
+    FROM r
+    WHERE j.id = r.id AND j.status = 'claimed'
+    RETURNING j.id, j.kind, j.run_count, j.status
+), journal AS (
+    INSERT INTO {prefix}_journal (job_id, run, outcome, note, worker)
+    SELECT r.id, recovered.run_count, 'stale_recovered', r.note, $5
+    FROM r JOIN recovered ON recovered.id = r.id
+), woken AS (
+    SELECT pg_notify($6, kind) FROM (SELECT DISTINCT kind FROM recovered
+                                     WHERE status = 'pending') AS kinds
+)
+SELECT recovered.id, recovered.kind, recovered.status, (SELECT count(*) FROM woken) AS woken
+FROM recovered;
+
+-- lease_next_expiry --
+-- Seconds until the earliest lease among claimed jobs expires (NULL when none is claimed).
+SELECT extract(epoch FROM min(lease_until) - now())::float8 FROM {prefix}_jobs
+WHERE status = 'claimed';
+
+-- job_next_due --
+-- Seconds until the next pending job of these kinds becomes eligible (NULL when none is
+-- scheduled). One index probe per kind.
+SELECT extract(epoch FROM min(t.run_at) - now())::float8
+FROM unnest($1::text[]) AS k(kind)
+CROSS JOIN LATERAL (
+    SELECT run_at FROM {prefix}_jobs
+    WHERE status = 'pending' AND kind = k.kind AND run_at > now()
+    ORDER BY run_at LIMIT 1
+) AS t;
+
+-- job_get --
+-- One job by id.
+SELECT id, kind, queue, status, priority, run_at, created_at, finished_at,
+       payload::text, carry::text,
+       run_count, failures, claimed_at, lease_until, claimed_by, claimed_pod, last_error
+FROM {prefix}_jobs WHERE id = $1;
+
+-- journal_list_for_job --
+-- A job's journal, oldest first.
+SELECT job_id, run, outcome, at, note, attachment::text, duration_s, worker
+FROM {prefix}_journal WHERE job_id = $1 ORDER BY id;
+
+-- stats --
+-- The live state counters cannot reconstruct, grouped by kind, in one statement over
+-- partial indexes: eligible and scheduled pending jobs with the oldest eligible age,
+-- claimed jobs, dead jobs.
+SELECT 'pending' AS status, kind,
+       count(*) FILTER (WHERE run_at <= now()) AS n,
+       count(*) FILTER (WHERE run_at > now()) AS scheduled,
+       extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8 AS oldest_s
+FROM {prefix}_jobs WHERE status = 'pending' GROUP BY kind
+UNION ALL
+SELECT 'claimed', kind, count(*), 0, NULL FROM {prefix}_jobs
+WHERE status = 'claimed' GROUP BY kind
+UNION ALL
+SELECT 'dead', kind, count(*), 0, NULL FROM {prefix}_jobs
+WHERE status = 'dead' GROUP BY kind;
+
+-- migration_table_create --
+-- The record of applied migrations (created under the migration lock).
+CREATE TABLE IF NOT EXISTS {prefix}_migrations (
+    version     integer     PRIMARY KEY,
+    name        text        NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- migration_list --
+-- Versions already applied.
+SELECT version FROM {prefix}_migrations ORDER BY version;
+
+-- migration_record --
+-- Mark one migration applied.
+INSERT INTO {prefix}_migrations (version, name) VALUES ($1, $2);
+
+-- lock_migrations --
+-- Serialize migrate() across processes for this prefix, until the transaction ends.
+SELECT pg_advisory_xact_lock($1);
+
+-- connection_probe --
+-- Liveness probe of a long-lived connection (the LISTEN one).
+SELECT 1;

@@ -1,0 +1,199 @@
+"""The executor: runs one claimed job through its handler and turns what happened into a
+`Settlement` (the outcome the completer writes). Pure mapping plus the handler call:
+decoding, the four outcomes, backoff and backstop, the panic policy, and release on abort.
+
+Called by the worker for each claimed job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+from ulid import ULID
+
+from venturi import codec
+from venturi._records import ClaimedJob, Settlement
+from venturi.backoff import Backoff, retry_delay
+from venturi.context import Context
+from venturi.errors import PayloadError
+from venturi.outcome import Outcome, PanicPolicy, TaskError
+
+logger = logging.getLogger(__name__)
+
+Handler = Callable[[Any, Context[Any], Any], Awaitable[Outcome | None]]
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    task_type: type[Any]
+    kind: str
+    handler: Handler
+    carry_type: type[Any] | None
+    cap: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """The worker settings that decide how failures settle."""
+
+    backoff: Backoff
+    jitter_fraction: float
+    backstop: int | None
+    panic_policy: PanicPolicy
+
+
+async def execute(
+    job: ClaimedJob,
+    reg: Registration,
+    app: Any,
+    policy: Policy,
+    cancelled: asyncio.Event,
+) -> Settlement:
+    """Run `job` and return its settlement. Cancellation (a forced abort) becomes a release."""
+    log_extra = {"job_id": str(job.id), "kind": job.kind}
+    try:
+        task = codec.decode(reg.task_type, job.payload)
+        carry = _decode_carry(reg.carry_type, job.carry)
+    except (msgspec.ValidationError, msgspec.DecodeError, TypeError, ValueError) as exc:
+        note = f"undecodable payload for kind {job.kind!r}: {exc}"
+        logger.error("job %s (%s) dead: %s", job.id, job.kind, note, extra=log_extra)
+        return Settlement(job.id, job.claim_token, job.kind, "dead", note=note, duration_s=0.0)
+
+    ctx: Context[Any] = Context(
+        job_id=ULID.from_bytes(job.id.bytes),
+        kind=job.kind,
+        run_count=job.run_count,
+        history=job.history,
+        carry=carry,
+        cancelled=cancelled,
+    )
+    started = time.monotonic()
+    try:
+        result = await reg.handler(task, ctx, app)
+    except asyncio.CancelledError:
+        logger.warning("job %s (%s) aborted at shutdown, released", job.id, job.kind, extra=log_extra)
+        return Settlement(
+            job.id,
+            job.claim_token,
+            job.kind,
+            "released",
+            note="aborted at shutdown after the grace period",
+            duration_s=time.monotonic() - started,
+        )
+    except TaskError as exc:
+        return _failure(job, ctx, policy, exc, started, permanent=exc.is_permanent)
+    except Exception as exc:
+        logger.warning("job %s (%s) raised", job.id, job.kind, exc_info=True, extra=log_extra)
+        permanent = policy.panic_policy is PanicPolicy.DEAD
+        return _failure(job, ctx, policy, exc, started, permanent=permanent)
+
+    duration = time.monotonic() - started
+    attachment = ctx.attachment.decode() if ctx.attachment is not None else None
+    if result is None:
+        result = Outcome.completed()
+    if not isinstance(result, Outcome):
+        exc = TypeError(f"handler returned {result!r}; expected an Outcome or None")
+        permanent = policy.panic_policy is PanicPolicy.DEAD
+        return _failure(job, ctx, policy, exc, started, permanent=permanent)
+    if result.kind == "completed":
+        return Settlement(
+            job.id,
+            job.claim_token,
+            job.kind,
+            "completed",
+            note=result.note,
+            attachment=attachment,
+            duration_s=duration,
+        )
+    carry_json, carry_error = _encode_carry(ctx)
+    if carry_error is not None:
+        return _failure(job, ctx, policy, carry_error, started, permanent=False)
+    return Settlement(
+        job.id,
+        job.claim_token,
+        job.kind,
+        "paused",
+        delay_s=result.delay,
+        carry=carry_json,
+        set_carry=carry_json is not None,
+        note=result.note,
+        attachment=attachment,
+        duration_s=duration,
+    )
+
+
+def _decode_carry(carry_type: type[Any] | None, data: str | None) -> Any:
+    if carry_type is None:
+        return None
+    if data is None:
+        return carry_type()
+    return codec.decode(carry_type, data)
+
+
+def _encode_carry(ctx: Context[Any]) -> tuple[str | None, Exception | None]:
+    if ctx.carry is None:
+        return None, None
+    try:
+        return codec.encode(ctx.carry, what=f"carry of {ctx.kind}"), None
+    except PayloadError as exc:
+        return None, exc
+
+
+def _failure(
+    job: ClaimedJob,
+    ctx: Context[Any],
+    policy: Policy,
+    exc: BaseException,
+    started: float,
+    *,
+    permanent: bool,
+) -> Settlement:
+    """A failed execution: dead when permanent or at the backstop, else retried with backoff."""
+    message = exc.message if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
+    failures = job.failures + 1
+    carry_json, _ = _encode_carry(ctx)
+    attachment = ctx.attachment.decode() if ctx.attachment is not None else None
+    common: dict[str, Any] = {
+        "carry": carry_json,
+        "set_carry": carry_json is not None,
+        "attachment": attachment,
+        "duration_s": time.monotonic() - started,
+    }
+    log_extra = {"job_id": str(job.id), "kind": job.kind}
+    if permanent or (policy.backstop is not None and failures >= policy.backstop):
+        if not permanent:
+            message = f"backstop reached after {failures} failed executions; last: {message}"
+        logger.warning("job %s (%s) dead: %s", job.id, job.kind, message, extra=log_extra)
+        return Settlement(job.id, job.claim_token, job.kind, "dead", note=message, **common)
+    delay = retry_delay(job_backoff(job, policy), failures, job.id.bytes, policy.jitter_fraction)
+    logger.info(
+        "job %s (%s) failed (%d), retry in %.3fs: %s",
+        job.id,
+        job.kind,
+        failures,
+        delay,
+        message,
+        extra=log_extra,
+    )
+    return Settlement(
+        job.id, job.claim_token, job.kind, "failed", delay_s=delay, note=message, **common
+    )
+
+
+def job_backoff(
+    job: ClaimedJob | Any,
+    policy: Policy,
+) -> Backoff:
+    """The job's own curve when its task set one at enqueue, else the worker's."""
+    if job.backoff_base_s is None and job.backoff_cap_s is None:
+        return policy.backoff
+    return Backoff(
+        job.backoff_base_s if job.backoff_base_s is not None else policy.backoff.base,
+        job.backoff_cap_s if job.backoff_cap_s is not None else policy.backoff.cap,
+    )

@@ -1,0 +1,87 @@
+"""Plain records the store speaks: bytes and ids, no task types.
+
+The typed world (dataclasses, Context) lives above the store; these are what crosses it.
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+
+from venturi.jobs import JournalEntry
+
+
+@dataclass(frozen=True, slots=True)
+class NewJob:
+    """A job to insert. Exactly one of run_at / delay_s may be set (else: now)."""
+
+    id: uuid.UUID
+    kind: str
+    queue: str
+    priority: int
+    payload: str
+    run_at: datetime | None = None
+    delay_s: float | None = None
+    lease_s: float | None = None
+    backoff_base_s: float | None = None
+    backoff_cap_s: float | None = None
+    dedup_key: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimedJob:
+    """A job this worker now holds, as the claim returned it."""
+
+    id: uuid.UUID
+    kind: str
+    payload: str
+    carry: str | None
+    run_count: int
+    failures: int
+    claim_token: uuid.UUID
+    lease_s: float
+    backoff_base_s: float | None
+    backoff_cap_s: float | None
+    waited_s: float
+    history: tuple[JournalEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Settlement:
+    """One run's result, to be written (guarded by the claim token) with its journal row."""
+
+    id: uuid.UUID
+    claim_token: uuid.UUID
+    kind: str
+    outcome: str
+    """A JournalOutcome value: completed, paused, failed, dead or released."""
+    delay_s: float = 0.0
+    carry: str | None = None
+    set_carry: bool = False
+    note: str | None = None
+    attachment: str | None = None
+    duration_s: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class StaleJob:
+    """A claimed job whose lease expired, locked for recovery."""
+
+    id: uuid.UUID
+    kind: str
+    run_count: int
+    failures: int
+    backoff_base_s: float | None
+    backoff_cap_s: float | None
+    claimed_by: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Recovery:
+    """The decision for one stale job: re-pend after delay_s, or dead."""
+
+    id: uuid.UUID
+    dead: bool
+    delay_s: float
+    note: str

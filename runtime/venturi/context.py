@@ -1,0 +1,82 @@
+"""`Context[Carry]`: what a handler knows about the run it is in, and what it may record.
+
+The worker builds one per run. The handler reads `run_count` and `history`, mutates
+`carry` (persisted when the job pauses or is retried), attaches evidence to this run's
+journal entry, and watches for the cooperative cancel raised at shutdown.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, Generic, TypeVar
+
+import msgspec
+from ulid import ULID
+
+from venturi.errors import AttachmentTooLarge
+from venturi.jobs import JournalEntry
+
+C = TypeVar("C")
+
+ATTACHMENT_MAX_BYTES = 64 * 1024
+"""Cap on one run's attachment, as encoded JSON: the journal is history, not storage."""
+
+_encoder = msgspec.json.Encoder()
+
+
+class Context(Generic[C]):
+    """The execution context of one run of one job."""
+
+    __slots__ = ("_attachment", "_cancelled", "carry", "history", "job_id", "kind", "run_count")
+
+    def __init__(
+        self,
+        *,
+        job_id: ULID,
+        kind: str,
+        run_count: int,
+        history: tuple[JournalEntry, ...],
+        carry: C,
+        cancelled: asyncio.Event,
+    ) -> None:
+        self.job_id = job_id
+        self.kind = kind
+        self.run_count = run_count
+        """This run's number: 1 on the first run, counting every claim."""
+        self.history = history
+        """The job's earlier journal entries, oldest first."""
+        self.carry = carry
+        """The typed carry; mutate it freely, it is saved when the job pauses or retries."""
+        self._cancelled = cancelled
+        self._attachment: bytes | None = None
+
+    def attach(self, value: Any) -> None:
+        """Store a JSON value on this run's journal entry (replacing an earlier one).
+
+        Raises `AttachmentTooLarge` when the encoded JSON exceeds the cap, and a
+        `TypeError` when the value is not JSON-serializable; the run itself goes on.
+        """
+        try:
+            encoded = _encoder.encode(value)
+        except (TypeError, msgspec.EncodeError) as exc:
+            raise TypeError(f"ctx.attach: value is not JSON-serializable: {exc}") from None
+        if len(encoded) > ATTACHMENT_MAX_BYTES:
+            raise AttachmentTooLarge(
+                f"ctx.attach: attachment is {len(encoded)} bytes of JSON, "
+                f"over the {ATTACHMENT_MAX_BYTES}-byte cap"
+            )
+        self._attachment = encoded
+
+    @property
+    def attachment(self) -> bytes | None:
+        """The encoded attachment, if any (for the worker)."""
+        return self._attachment
+
+    @property
+    def is_cancelled(self) -> bool:
+        """True once the worker asked running handlers to wind down (shutdown)."""
+        return self._cancelled.is_set()
+
+    async def cancelled(self) -> None:
+        """Wait until the worker asks running handlers to wind down."""
+        await self._cancelled.wait()

@@ -1,0 +1,33 @@
+"""The exceptions venturi raises, so callers catch precise types, never parse messages.
+
+    VenturiError
+    ├── PayloadError          (also a ValueError) a task's payload cannot be encoded
+    ├── AttachmentTooLarge    (also a ValueError) ctx.attach() got more than the cap
+    ├── DuplicateKindError    (also a ValueError) two task types registered under one KIND
+    └── StoreClosedError      the store was closed; create a new one
+
+`TaskError` (in `venturi.outcome`) is not here: handlers raise it to choose an outcome,
+it is not an error of venturi's.
+"""
+
+from __future__ import annotations
+
+
+class VenturiError(Exception):
+    """Base class of every error venturi raises."""
+
+
+class PayloadError(VenturiError, ValueError):
+    """A task's payload (or carry) cannot be encoded; the message names the field."""
+
+
+class AttachmentTooLarge(VenturiError, ValueError):
+    """`Context.attach` was given a value whose JSON exceeds the attachment cap."""
+
+
+class DuplicateKindError(VenturiError, ValueError):
+    """Two different task types were registered under the same KIND."""
+
+
+class StoreClosedError(VenturiError):
+    """An operation was attempted on a closed store."""

@@ -1,0 +1,124 @@
+"""The data model as callers see it: job status, journal entries, stored jobs, stats.
+
+These are plain frozen records built from database rows; they carry no behaviour.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from ulid import ULID
+
+
+class JobStatus(enum.StrEnum):
+    """Where a job is in its life."""
+
+    PENDING = "pending"
+    """Waiting to be claimed (now, or from its run_at on)."""
+    CLAIMED = "claimed"
+    """Held by a worker under a lease."""
+    COMPLETED = "completed"
+    """Done (terminal)."""
+    DEAD = "dead"
+    """Failed for good (terminal): a permanent error, the backstop, or a bad payload."""
+
+
+class JournalOutcome(enum.StrEnum):
+    """What one journal entry records."""
+
+    COMPLETED = "completed"
+    PAUSED = "paused"
+    FAILED = "failed"
+    """A failed execution that will be retried."""
+    DEAD = "dead"
+    """A failed execution that ended the job."""
+    RELEASED = "released"
+    """Aborted at shutdown and handed back, eligible at once; not a failure."""
+    STALE_RECOVERED = "stale_recovered"
+    """The lease expired (the worker died or hung); counted as a failed execution."""
+    MERGED = "merged"
+
+
+_FAILURES = frozenset({JournalOutcome.FAILED, JournalOutcome.DEAD, JournalOutcome.STALE_RECOVERED})
+
+
+@dataclass(frozen=True, slots=True)
+class JournalEntry:
+    """One row of a job's append-only journal."""
+
+    run: int
+    """The run this entry belongs to (1 for the first claim)."""
+    outcome: JournalOutcome
+    at: datetime
+    note: str | None = None
+    attachment: Any = None
+    """The JSON value the handler attached with `ctx.attach`, if any."""
+    duration: float | None = None
+    """Seconds the handler ran, for executions."""
+    worker: str | None = None
+    """Identity of the worker that wrote the entry (host:pid, and pod when in Kubernetes)."""
+
+    @property
+    def is_failure(self) -> bool:
+        """True for failed executions (retried, dead, or recovered after a lost lease)."""
+        return self.outcome in _FAILURES
+
+
+@dataclass(frozen=True, slots=True)
+class Job:
+    """A stored job, as `Queue.job()` returns it."""
+
+    id: ULID
+    kind: str
+    queue: str
+    status: JobStatus
+    priority: int
+    run_at: datetime
+    created_at: datetime
+    finished_at: datetime | None
+    payload: Any
+    """The decoded JSON payload (a dict of the task's fields)."""
+    carry: Any
+    run_count: int
+    failures: int
+    claimed_at: datetime | None
+    lease_until: datetime | None
+    claimed_by: str | None
+    claimed_pod: str | None
+    last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Stats:
+    """A snapshot of live queue state, from one grouped query over partial indexes.
+
+    Ages are seconds, measured by the database clock. "Pending" counts jobs eligible now;
+    jobs waiting for a future run_at are counted in `scheduled_by_kind`.
+    """
+
+    pending_by_kind: Mapping[str, int] = field(default_factory=dict)
+    scheduled_by_kind: Mapping[str, int] = field(default_factory=dict)
+    claimed_by_kind: Mapping[str, int] = field(default_factory=dict)
+    dead_by_kind: Mapping[str, int] = field(default_factory=dict)
+    oldest_pending_age_by_kind: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def pending(self) -> int:
+        return sum(self.pending_by_kind.values())
+
+    @property
+    def claimed(self) -> int:
+        return sum(self.claimed_by_kind.values())
+
+    @property
+    def dead(self) -> int:
+        return sum(self.dead_by_kind.values())
+
+    @property
+    def oldest_pending_age(self) -> float | None:
+        """Seconds the oldest eligible job has waited, over all kinds (None when none)."""
+        return max(self.oldest_pending_age_by_kind.values(), default=None)

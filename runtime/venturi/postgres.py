@@ -1,0 +1,443 @@
+"""`PostgresStore`: the PostgreSQL adapter, the only module that talks to asyncpg.
+
+It owns the connection pool, the migrations, and every statement (all in
+`_db/queries.sql`). It speaks plain records (`_records`), never task types, so the
+typed world above it (Queue, Worker) stays free of SQL.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ssl as ssl_module
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import asynccontextmanager
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self
+
+import asyncpg
+import msgspec
+from ulid import ULID
+
+from venturi import codec
+from venturi._db import sql
+from venturi._records import ClaimedJob, NewJob, Recovery, Settlement, StaleJob
+from venturi.errors import StoreClosedError
+from venturi.jobs import Job, JobStatus, JournalEntry, JournalOutcome, Stats
+
+DEFAULT_PREFIX = "venturi"
+
+
+class _HistoryRow(msgspec.Struct):
+    run: int
+    outcome: str
+    at: datetime
+    note: str | None = None
+    attachment: Any = None
+    duration_s: float | None = None
+    worker: str | None = None
+
+
+_history_decoder = msgspec.json.Decoder(list[_HistoryRow])
+
+
+def _history(text: str | None) -> tuple[JournalEntry, ...]:
+    if text is None:
+        return ()
+    return tuple(
+        JournalEntry(
+            run=row.run,
+            outcome=JournalOutcome(row.outcome),
+            at=row.at,
+            note=row.note,
+            attachment=row.attachment,
+            duration=row.duration_s,
+            worker=row.worker,
+        )
+        for row in _history_decoder.decode(text)
+    )
+
+
+def _lock_key(prefix: str) -> int:
+    digest = hashlib.blake2b(f"venturi:migrate:{prefix}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big", signed=True)
+
+
+class PostgresStore:
+    """Jobs and their journal in PostgreSQL, under one table prefix.
+
+    Prefer `async with await PostgresStore.connect(dsn) as store:` so the pool closes.
+    Several independent queues can share one database under different prefixes.
+    """
+
+    def __init__(self, pool: asyncpg.Pool, *, prefix: str, owns_pool: bool) -> None:
+        self._prefix = sql.validate_prefix(prefix)
+        self._q = sql.queries(prefix)
+        self._pool = pool
+        self._owns_pool = owns_pool
+        self._closed = False
+
+    @classmethod
+    async def connect(
+        cls,
+        dsn: str | None = None,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        ssl: ssl_module.SSLContext | bool | str | None = None,
+        min_size: int = 1,
+        max_size: int = 10,
+        connect_timeout: float = 10.0,
+        statement_timeout: float | None = None,
+        application_name: str = "venturi",
+        **connect_kwargs: Any,
+    ) -> PostgresStore:
+        """Open a pool to `dsn` (libpq URI or key=value; None reads the PG* env vars).
+
+        `ssl` is passed to asyncpg: an `ssl.SSLContext` for TLS with your own trust
+        settings, or a libpq sslmode string such as "verify-full". `statement_timeout`
+        (seconds) bounds every statement; `connect_timeout` bounds connecting. The
+        prefix is validated before any connection is made.
+        """
+        sql.validate_prefix(prefix)
+        settings = {"application_name": application_name}
+        if statement_timeout is not None:
+            settings["statement_timeout"] = str(int(statement_timeout * 1000))
+        pool = await asyncpg.create_pool(
+            dsn,
+            min_size=min_size,
+            max_size=max_size,
+            ssl=ssl,
+            timeout=connect_timeout,
+            server_settings=settings,
+            **connect_kwargs,
+        )
+        return cls(pool, prefix=prefix, owns_pool=True)
+
+    @classmethod
+    def from_pool(cls, pool: asyncpg.Pool, *, prefix: str = DEFAULT_PREFIX) -> PostgresStore:
+        """Use an existing asyncpg pool (the store will not close it).
+
+        The worker holds one connection of it for LISTEN, so size the pool for that.
+        """
+        return cls(pool, prefix=prefix, owns_pool=False)
+
+    @property
+    def prefix(self) -> str:
+        return self._prefix
+
+    @property
+    def channel(self) -> str:
+        """The NOTIFY channel: every write that makes a job claimable signals it."""
+        return f"{self._prefix}_jobs"
+
+    async def close(self) -> None:
+        """Close the pool if this store opened it. Safe to call twice."""
+        if not self._closed:
+            self._closed = True
+            if self._owns_pool:
+                await self._pool.close()
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.close()
+
+    def _pool_or_raise(self) -> asyncpg.Pool:
+        if self._closed:
+            raise StoreClosedError("PostgresStore is closed; create a new one")
+        return self._pool
+
+    # -- schema ----------------------------------------------------------------------
+
+    async def migrate(self) -> list[int]:
+        """Apply pending migrations; returns the versions applied (empty if up to date).
+
+        Idempotent, and safe with many processes starting at once: everything runs in one
+        transaction under an advisory lock keyed by the prefix.
+        """
+        applied_now: list[int] = []
+        async with self._pool_or_raise().acquire() as conn, conn.transaction():
+            await conn.execute(self._q["lock_migrations"], _lock_key(self._prefix))
+            await conn.execute(self._q["migration_table_create"])
+            done = {r[0] for r in await conn.fetch(self._q["migration_list"])}
+            for migration in sql.migrations(self._prefix):
+                if migration.version in done:
+                    continue
+                await conn.execute(migration.sql)
+                await conn.execute(self._q["migration_record"], migration.version, migration.name)
+                applied_now.append(migration.version)
+        return applied_now
+
+    # -- producing -------------------------------------------------------------------
+
+    async def insert(self, job: NewJob) -> None:
+        await self._pool_or_raise().execute(
+            self._q["job_insert"],
+            job.id,
+            job.kind,
+            job.queue,
+            job.priority,
+            job.run_at,
+            job.delay_s,
+            job.payload,
+            job.lease_s,
+            job.backoff_base_s,
+            job.backoff_cap_s,
+            job.dedup_key,
+            self.channel,
+        )
+
+    async def insert_many(self, jobs: Sequence[NewJob]) -> None:
+        """Insert many jobs in one statement (one round trip)."""
+        if not jobs:
+            return
+        await self._pool_or_raise().execute(
+            self._q["job_insert_many"],
+            [j.id for j in jobs],
+            [j.kind for j in jobs],
+            [j.queue for j in jobs],
+            [j.priority for j in jobs],
+            [j.run_at for j in jobs],
+            [j.delay_s for j in jobs],
+            [j.payload for j in jobs],
+            [j.lease_s for j in jobs],
+            [j.backoff_base_s for j in jobs],
+            [j.backoff_cap_s for j in jobs],
+            [j.dedup_key for j in jobs],
+            self.channel,
+        )
+
+    # -- consuming -------------------------------------------------------------------
+
+    async def claim(
+        self,
+        *,
+        queue: str,
+        kinds: Sequence[str],
+        limit: int,
+        worker: str,
+        pod: str | None,
+        default_lease_s: float,
+        min_priority: int = 0,
+        max_priority: int = 2,
+    ) -> list[ClaimedJob]:
+        rows = await self._pool_or_raise().fetch(
+            self._q["job_claim"],
+            queue,
+            list(kinds),
+            min_priority,
+            max_priority,
+            limit,
+            worker,
+            pod,
+            default_lease_s,
+        )
+        return [
+            ClaimedJob(
+                id=r[0],
+                kind=r[1],
+                payload=r[2],
+                carry=r[3],
+                run_count=r[4],
+                failures=r[5],
+                claim_token=r[6],
+                lease_s=r[7],
+                backoff_base_s=r[8],
+                backoff_cap_s=r[9],
+                waited_s=r[10],
+                history=_history(r[11]),
+            )
+            for r in rows
+        ]
+
+    async def settle(self, settlements: Sequence[Settlement], *, worker: str) -> set[uuid.UUID]:
+        """Write outcomes and journal rows; returns the ids this worker still owned."""
+        rows = await self._pool_or_raise().fetch(
+            self._q["job_settle_many"],
+            [s.id for s in settlements],
+            [s.claim_token for s in settlements],
+            [s.outcome for s in settlements],
+            [s.delay_s for s in settlements],
+            [s.carry for s in settlements],
+            [s.set_carry for s in settlements],
+            [s.note for s in settlements],
+            [s.attachment for s in settlements],
+            [s.duration_s for s in settlements],
+            worker,
+            self.channel,
+        )
+        return {r[0] for r in rows}
+
+    async def renew_leases(
+        self, ids: Sequence[uuid.UUID], tokens: Sequence[uuid.UUID], lease_s: Sequence[float]
+    ) -> set[uuid.UUID]:
+        """Extend leases; returns the ids still owned (the rest were recovered elsewhere)."""
+        rows = await self._pool_or_raise().fetch(
+            self._q["job_renew_leases"], list(ids), list(tokens), list(lease_s)
+        )
+        return {r[0] for r in rows}
+
+    async def recover_stale(
+        self,
+        decide: Callable[[list[StaleJob]], list[Recovery]],
+        *,
+        worker: str,
+        limit: int = 500,
+    ) -> list[tuple[uuid.UUID, str, JobStatus]]:
+        """Recover jobs whose lease expired: lock them, let `decide` (pure) choose, write.
+
+        Returns (id, kind, new status) for each recovered job.
+        """
+        async with self._pool_or_raise().acquire() as conn, conn.transaction():
+            rows = await conn.fetch(self._q["job_select_stale"], limit)
+            if not rows:
+                return []
+            stale = [StaleJob(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows]
+            decisions = decide(stale)
+            recovered = await conn.fetch(
+                self._q["job_recover_many"],
+                [d.id for d in decisions],
+                [d.dead for d in decisions],
+                [d.delay_s for d in decisions],
+                [d.note for d in decisions],
+                worker,
+                self.channel,
+            )
+        return [(r[0], r[1], JobStatus(r[2])) for r in recovered]
+
+    async def next_lease_expiry(self) -> float | None:
+        """Seconds until the earliest lease expires (negative if already expired)."""
+        value: float | None = await self._pool_or_raise().fetchval(self._q["lease_next_expiry"])
+        return value
+
+    async def next_due(self, kinds: Sequence[str]) -> float | None:
+        """Seconds until the next scheduled job of these kinds becomes eligible."""
+        value: float | None = await self._pool_or_raise().fetchval(
+            self._q["job_next_due"], list(kinds)
+        )
+        return value
+
+    @asynccontextmanager
+    async def listen(
+        self, on_notify: Callable[[str], None], on_lost: Callable[[], None]
+    ) -> AsyncIterator[Listening]:
+        """Hold one connection LISTENing on the store's channel.
+
+        `on_notify(kind)` runs for every notification; `on_lost()` when the connection
+        terminates. Yields a handle to probe the connection for liveness.
+        """
+
+        def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+            on_notify(str(payload))
+
+        def terminated(_conn: object) -> None:
+            on_lost()
+
+        async with self._pool_or_raise().acquire() as conn:
+            conn.add_termination_listener(terminated)
+            await conn.add_listener(self.channel, notified)
+            try:
+                yield Listening(conn, self._q["connection_probe"])
+            finally:
+                conn.remove_termination_listener(terminated)
+                if not conn.is_closed():
+                    try:
+                        await conn.remove_listener(self.channel, notified)
+                    except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError):
+                        conn.terminate()  # a broken connection: let the pool replace it
+
+    # -- operations ------------------------------------------------------------------
+
+    async def get_job(self, job_id: ULID | uuid.UUID) -> Job | None:
+        row = await self._pool_or_raise().fetchrow(self._q["job_get"], _as_uuid(job_id))
+        if row is None:
+            return None
+        return Job(
+            id=ULID.from_bytes(row[0].bytes),
+            kind=row[1],
+            queue=row[2],
+            status=JobStatus(row[3]),
+            priority=row[4],
+            run_at=row[5],
+            created_at=row[6],
+            finished_at=row[7],
+            payload=codec.decode_any(row[8]),
+            carry=codec.decode_any(row[9]),
+            run_count=row[10],
+            failures=row[11],
+            claimed_at=row[12],
+            lease_until=row[13],
+            claimed_by=row[14],
+            claimed_pod=row[15],
+            last_error=row[16],
+        )
+
+    async def journal(self, job_id: ULID | uuid.UUID) -> list[JournalEntry]:
+        rows = await self._pool_or_raise().fetch(
+            self._q["journal_list_for_job"], _as_uuid(job_id)
+        )
+        return [
+            JournalEntry(
+                run=r[1],
+                outcome=JournalOutcome(r[2]),
+                at=r[3],
+                note=r[4],
+                attachment=codec.decode_any(r[5]),
+                duration=r[6],
+                worker=r[7],
+            )
+            for r in rows
+        ]
+
+    async def stats(self) -> Stats:
+        rows = await self._pool_or_raise().fetch(self._q["stats"])
+        pending: dict[str, int] = {}
+        scheduled: dict[str, int] = {}
+        claimed: dict[str, int] = {}
+        dead: dict[str, int] = {}
+        oldest: dict[str, float] = {}
+        for status, kind, n, n_scheduled, oldest_s in rows:
+            if status == "pending":
+                if n:
+                    pending[kind] = n
+                if n_scheduled:
+                    scheduled[kind] = n_scheduled
+                if oldest_s is not None:
+                    oldest[kind] = max(0.0, oldest_s)
+            elif status == "claimed":
+                claimed[kind] = n
+            else:
+                dead[kind] = n
+        return Stats(
+            pending_by_kind=pending,
+            scheduled_by_kind=scheduled,
+            claimed_by_kind=claimed,
+            dead_by_kind=dead,
+            oldest_pending_age_by_kind=oldest,
+        )
+
+
+class Listening:
+    """A live LISTEN connection, as `PostgresStore.listen` yields it."""
+
+    def __init__(self, conn: asyncpg.Connection, probe_sql: str) -> None:
+        self._conn = conn
+        self._probe_sql = probe_sql
+
+    async def probe(self) -> None:
+        """Round-trip a trivial query; raises if the connection is dead."""
+        await self._conn.fetchval(self._probe_sql)
+
+    def abort(self) -> None:
+        """Drop the connection at once (after a failed probe)."""
+        self._conn.terminate()
+
+
+def _as_uuid(job_id: ULID | uuid.UUID) -> uuid.UUID:
+    if isinstance(job_id, ULID):
+        return job_id.to_uuid()
+    return job_id

@@ -1,0 +1,101 @@
+"""`Task`: the payload of a job (its dataclass fields) and its enqueue-time policy.
+
+A task class is state-free: a producer imports it to enqueue, without importing any
+handler or the handlers' dependencies. Handlers are registered on a `Worker`.
+
+    @dataclass
+    class SendEmail(Task):
+        KIND = "send_email"
+        to: str
+
+    @dataclass
+    class SyncContacts(Task[Cursor]):     # Cursor: the typed carry, persisted across runs
+        KIND = "sync_contacts"
+        account_id: int
+        def lease(self) -> float: return 3600
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import re
+import typing
+from typing import Any, ClassVar, Generic, TypeVar
+
+from venturi.backoff import Backoff, Seconds
+
+C = TypeVar("C")
+
+_KIND = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,199}")
+
+
+class Priority(enum.IntEnum):
+    """Claim tiers: higher tiers are claimed first (with anti-starvation for lower ones)."""
+
+    LOW = 0
+    NORMAL = 1
+    HIGH = 2
+
+
+class Task(Generic[C]):
+    """Base class of every task. Subclasses are dataclasses with a `KIND` string.
+
+    `KIND` is the stable routing key stored with every job: unique per task type and
+    stable across releases. `Task[Carry]` declares a typed carry (a dataclass with
+    defaults) that a handler reads and mutates through `ctx.carry`.
+
+    The methods below are enqueue-time policy, evaluated by the producer and stored with
+    the job. Override them on the subclass; the defaults defer to the worker's settings.
+    """
+
+    KIND: ClassVar[str]
+
+    def lease(self) -> Seconds | None:
+        """How long a claim of this job lasts before another worker may recover it.
+
+        It must exceed the handler's real runtime between lease renewals; `None` uses the
+        worker's `lease` (15 minutes by default). Renewal keeps live jobs from expiring.
+        """
+        return None
+
+    def backoff(self) -> Backoff | None:
+        """The retry curve for this job; `None` uses the worker's."""
+        return None
+
+    def priority(self) -> Priority:
+        """The claim tier; `Queue.enqueue(priority=...)` overrides it per job."""
+        return Priority.NORMAL
+
+
+def kind_of(task_type: type[Task[Any]]) -> str:
+    """Validate a task class and return its KIND, or raise a TypeError/ValueError naming it."""
+    if not isinstance(task_type, type) or not issubclass(task_type, Task):
+        raise TypeError(f"expected a Task subclass, got {task_type!r}")
+    kind = task_type.__dict__.get("KIND", getattr(task_type, "KIND", None))
+    if not isinstance(kind, str):
+        raise TypeError(f"{task_type.__qualname__} must define KIND as a string class attribute")
+    if not _KIND.fullmatch(kind):
+        raise ValueError(
+            f"{task_type.__qualname__}.KIND {kind!r} is invalid: expected 1-200 characters, "
+            f"letters, digits and _ . : / -, starting with a letter or digit"
+        )
+    if not dataclasses.is_dataclass(task_type) and not hasattr(task_type, "__struct_fields__"):
+        raise TypeError(f"{task_type.__qualname__} must be a dataclass (or a msgspec Struct)")
+    return kind
+
+
+def carry_type_of(task_type: type[Task[Any]]) -> type[Any] | None:
+    """The `C` of `Task[C]` somewhere in the class's bases, or None for carry-less tasks."""
+    for klass in task_type.__mro__:
+        for base in getattr(klass, "__orig_bases__", ()):
+            if typing.get_origin(base) is Task:
+                (arg,) = typing.get_args(base)
+                if arg is type(None) or isinstance(arg, TypeVar):
+                    return None
+                if not isinstance(arg, type):
+                    raise TypeError(
+                        f"{task_type.__qualname__}: the carry type must be a class, got {arg!r}"
+                    )
+                return arg
+    return None

@@ -1,0 +1,402 @@
+"""`Worker`: claims jobs, runs them through their handlers, settles their outcomes.
+
+    worker = Worker(app, store, concurrency=16)
+    worker.register(SendEmail, send_email)          # or: worker.register(SendEmail)
+    worker.register(Reindex, reindex, cap=2)        # at most 2 at once in this worker
+    await worker.run(shutdown_event)                # until the event is set, then drains
+
+One worker runs four loops: the claim loop (here), the completer (batched settlements),
+the notifier (LISTEN wake-ups) and the rescuer (expired leases), plus lease renewal for
+running jobs (here). Only the claim loop starts jobs, and it never holds more jobs than it
+has free slots, so nothing sits claimed-and-idle.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import uuid
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+import asyncpg
+
+from venturi._completer import Completer
+from venturi._executor import Handler, Policy, Registration, execute
+from venturi._notifier import Notifier
+from venturi._records import ClaimedJob, Settlement
+from venturi._rescuer import Rescuer
+from venturi.backoff import DEFAULT_BACKOFF, Backoff, Seconds, to_seconds
+from venturi.errors import DuplicateKindError
+from venturi.identity import WorkerIdentity
+from venturi.outcome import PanicPolicy
+from venturi.postgres import PostgresStore
+from venturi.task import Task, carry_type_of, kind_of
+
+logger = logging.getLogger(__name__)
+
+AppT = TypeVar("AppT")
+T = TypeVar("T", bound=Task[Any])
+
+DEFAULT_POLL_MAX = 30.0
+"""Seconds; the longest idle wait. Only a missed notification ever waits this long."""
+DEFAULT_LEASE = 15 * 60.0
+"""Seconds; a claim's lease. Renewed while the handler runs, so it bounds crash recovery."""
+DEFAULT_SHUTDOWN_TIMEOUT = 30.0
+"""Seconds handlers get to wind down at shutdown before they are aborted and released."""
+DEFAULT_JITTER_FRACTION = 0.5
+DEFAULT_BACKSTOP = 25
+"""Failed executions before a job goes dead if its task never decides to give up."""
+DEFAULT_PRIORITY_RATIO = 4
+DEFAULT_QUEUE = "default"
+RENEW_FRACTION = 1 / 3
+"""Leases are renewed after this fraction of their length: two renewals can fail in a row."""
+
+
+def default_concurrency() -> int:
+    """`max(1, min(8, cores // 2))`: conservative; raise it for I/O-bound handlers."""
+    return max(1, min(8, (os.cpu_count() or 1) // 2))
+
+
+@dataclass(eq=False)
+class _Running:
+    job: ClaimedJob
+    reg: Registration
+    cancelled: asyncio.Event
+    task: asyncio.Task[None] | None = None
+    lost: bool = False
+
+
+@dataclass
+class _Counters:
+    claimed: int = 0
+    settled: Counter[str] = field(default_factory=Counter)
+
+
+class Worker(Generic[AppT]):
+    """A consumer of jobs: handlers registered by task type, run against shared `app` state.
+
+    All settings are keyword-only, in seconds (or `timedelta`), validated here:
+
+    - `concurrency`: most jobs running at once (default `max(1, min(8, cores // 2))`).
+    - `poll_max`: the longest idle wait (30 s); a missed notification waits at most this.
+    - `lease`: a claim's lease (15 min) unless the task sets `lease()`; renewed while alive.
+    - `shutdown_timeout`: the grace period at shutdown (30 s) before stragglers are aborted.
+    - `backoff`: the retry curve (500 ms base, 2 min cap) unless the task sets `backoff()`.
+    - `jitter_fraction`: proportional spread of retry delays, clamped to [0, 1] (0.5).
+    - `backstop`: failed executions before dead (25); `None` leaves it to the task.
+    - `priority_ratio`: anti-starvation ratio between tiers (4); `None` is strict priority.
+    - `panic_policy`: how unexpected exceptions settle: `PanicPolicy.RETRY` or `DEAD`.
+    - `queue`: the named queue this worker serves ("default").
+    """
+
+    def __init__(
+        self,
+        app: AppT,
+        store: PostgresStore,
+        *,
+        concurrency: int | None = None,
+        poll_max: Seconds = DEFAULT_POLL_MAX,
+        lease: Seconds = DEFAULT_LEASE,
+        shutdown_timeout: Seconds = DEFAULT_SHUTDOWN_TIMEOUT,
+        backoff: Backoff = DEFAULT_BACKOFF,
+        jitter_fraction: float = DEFAULT_JITTER_FRACTION,
+        backstop: int | None = DEFAULT_BACKSTOP,
+        priority_ratio: int | None = DEFAULT_PRIORITY_RATIO,
+        panic_policy: PanicPolicy = PanicPolicy.RETRY,
+        queue: str = DEFAULT_QUEUE,
+        identity: WorkerIdentity | None = None,
+    ) -> None:
+        if concurrency is None:
+            concurrency = default_concurrency()
+        if not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency: expected an int >= 1, got {concurrency!r}")
+        if backstop is not None and (not isinstance(backstop, int) or backstop < 1):
+            raise ValueError(f"backstop: expected an int >= 1 or None, got {backstop!r}")
+        if priority_ratio is not None and (
+            not isinstance(priority_ratio, int) or priority_ratio < 1
+        ):
+            raise ValueError(f"priority_ratio: expected an int >= 1 or None, got {priority_ratio!r}")
+        if not isinstance(backoff, Backoff):
+            raise TypeError(f"backoff: expected a venturi.Backoff, got {backoff!r}")
+        if not isinstance(panic_policy, PanicPolicy):
+            raise TypeError(f"panic_policy: expected a venturi.PanicPolicy, got {panic_policy!r}")
+        self.app = app
+        self.store = store
+        self.concurrency = concurrency
+        self.poll_max = to_seconds(poll_max, name="poll_max") or 0.001
+        self.lease = to_seconds(lease, name="lease")
+        if self.lease <= 0:
+            raise ValueError(f"lease: expected a duration > 0, got {lease!r}")
+        self.shutdown_timeout = to_seconds(shutdown_timeout, name="shutdown_timeout")
+        self.priority_ratio = priority_ratio
+        self.queue = queue
+        self.identity = identity or WorkerIdentity.current()
+        self.policy = Policy(
+            backoff=backoff,
+            jitter_fraction=min(max(float(jitter_fraction), 0.0), 1.0),
+            backstop=backstop,
+            panic_policy=panic_policy,
+        )
+        self._registry: dict[str, Registration] = {}
+        self._running: dict[uuid.UUID, _Running] = {}
+        self._running_by_kind: Counter[str] = Counter()
+        self._wake = asyncio.Event()
+        self._slot_freed = asyncio.Event()
+        self._stopping = False
+        self._started = False
+        self._counters = _Counters()
+        self._completer: Completer | None = None
+        self.notifier: Notifier | None = None
+        self.ready = asyncio.Event()
+        """Set once the worker listens and claims (tests and health checks await it)."""
+
+    # -- registration ----------------------------------------------------------------
+
+    def register(
+        self, task_type: type[T], handler: Handler | None = None, *, cap: int | None = None
+    ) -> None:
+        """Teach the worker a task type, and add its KIND to what this worker claims.
+
+        `handler(task, ctx, app)` returns an `Outcome` (or None for completed) or raises;
+        without one, the task class's own `handle(self, ctx, app)` method is used. `cap`
+        bounds how many jobs of this kind run at once in this worker.
+        """
+        kind = kind_of(task_type)
+        if handler is None:
+            handler = getattr(task_type, "handle", None)
+            if handler is None:
+                raise TypeError(
+                    f"register({task_type.__qualname__}): pass a handler, or define "
+                    f"`async def handle(self, ctx, app)` on the task class"
+                )
+        if not callable(handler):
+            raise TypeError(f"register({task_type.__qualname__}): handler is not callable")
+        if cap is not None and (not isinstance(cap, int) or cap < 1):
+            raise ValueError(f"register({task_type.__qualname__}): cap must be an int >= 1")
+        existing = self._registry.get(kind)
+        if existing is not None:
+            raise DuplicateKindError(
+                f"KIND {kind!r} is already registered by {existing.task_type.__qualname__}; "
+                f"cannot register {task_type.__qualname__} under it"
+            )
+        if self._started:
+            raise RuntimeError("register() must be called before run()")
+        self._registry[kind] = Registration(task_type, kind, handler, carry_type_of(task_type), cap)
+
+    @property
+    def kinds(self) -> list[str]:
+        return list(self._registry)
+
+    @property
+    def in_flight(self) -> int:
+        """Jobs running right now."""
+        return len(self._running)
+
+    # -- running ---------------------------------------------------------------------
+
+    async def run(self, shutdown: asyncio.Event | None = None) -> None:
+        """Claim and run jobs until `shutdown` is set, then shut down gracefully:
+        stop claiming, raise the cooperative cancel, wait up to `shutdown_timeout`, abort
+        and release stragglers, flush every settlement. Cancelling `run()` itself does
+        the same without the grace period.
+        """
+        if self._started:
+            raise RuntimeError("a Worker runs once; create a new one")
+        if not self._registry:
+            raise ValueError("no task registered: call worker.register(TaskType, handler) first")
+        self._started = True
+        identity = str(self.identity)
+        self._completer = Completer(self.store, worker=identity, on_settled=self._on_settled)
+        self.notifier = Notifier(self.store, self._on_notify)
+        rescuer = Rescuer(self.store, self.policy, worker=identity, poll_max=self.poll_max)
+        logger.info(
+            "worker %s starting: kinds=%s concurrency=%d", identity, self.kinds, self.concurrency
+        )
+        background = [
+            asyncio.create_task(self._completer.run(), name="venturi-completer"),
+            asyncio.create_task(self.notifier.run(), name="venturi-notifier"),
+            asyncio.create_task(rescuer.run(), name="venturi-rescuer"),
+            asyncio.create_task(self._renew_loop(), name="venturi-renewer"),
+        ]
+        claim_loop = asyncio.create_task(self._claim_loop(), name="venturi-claimer")
+        stop = asyncio.create_task((shutdown or asyncio.Event()).wait(), name="venturi-shutdown")
+        graceful = True
+        try:
+            await asyncio.wait_for(self.notifier.connected.wait(), timeout=30)
+            self.ready.set()
+            done, _ = await asyncio.wait({claim_loop, stop}, return_when=asyncio.FIRST_COMPLETED)
+            if claim_loop in done:
+                claim_loop.result()  # the claim loop only ends by raising
+        except asyncio.CancelledError:
+            graceful = False
+            raise
+        finally:
+            self._stopping = True
+            stop.cancel()
+            claim_loop.cancel()
+            await asyncio.gather(claim_loop, stop, return_exceptions=True)
+            await self._drain(graceful)
+            await self._completer.close()
+            for task in background:
+                task.cancel()
+            await asyncio.gather(*background, return_exceptions=True)
+            logger.info(
+                "worker %s stopped: claimed=%d settled=%s",
+                identity,
+                self._counters.claimed,
+                dict(self._counters.settled),
+            )
+
+    async def _drain(self, graceful: bool) -> None:
+        if not self._running:
+            return
+        logger.info("shutdown: %d jobs running, asking them to wind down", len(self._running))
+        for running in self._running.values():
+            running.cancelled.set()
+        tasks = [r.task for r in self._running.values() if r.task is not None]
+        if graceful and self.shutdown_timeout > 0:
+            _, pending = await asyncio.wait(tasks, timeout=self.shutdown_timeout)
+        else:
+            pending = {t for t in tasks if not t.done()}
+        for task in pending:
+            task.cancel()
+        if pending:
+            logger.warning("shutdown: aborting %d jobs after the grace period", len(pending))
+        # Executors turn the abort into a release settlement; wait for all of them.
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    def _on_notify(self, kind: str) -> None:
+        if not kind or kind in self._registry:
+            self._wake.set()
+
+    def _on_settled(self, settlement: Settlement, kept: bool) -> None:
+        self._counters.settled[settlement.outcome if kept else "lost"] += 1
+
+    async def _claim_loop(self) -> None:
+        kinds_all = self.kinds
+        identity = str(self.identity)
+        while not self._stopping:
+            free = self.concurrency - len(self._running)
+            kinds = [
+                k
+                for k in kinds_all
+                if (cap := self._registry[k].cap) is None or self._running_by_kind[k] < cap
+            ]
+            timeout = self.poll_max
+            if free > 0 and kinds:
+                self._wake.clear()
+                try:
+                    claimed = await self._claim(kinds, free, identity)
+                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                    logger.warning("claim failed: %s; retrying", exc)
+                    claimed, timeout = [], min(1.0, self.poll_max)
+                    self._wake.clear()
+                else:
+                    if len(claimed) >= free:
+                        continue  # maybe more: claim again once a slot frees
+                    due = await self._next_due(kinds)
+                    if due is not None:
+                        timeout = min(timeout, max(due, 0.0))
+            self._slot_freed.clear()
+            waiters = [asyncio.ensure_future(self._wake.wait())]
+            if free <= 0 or len(kinds) < len(kinds_all):
+                waiters.append(asyncio.ensure_future(self._slot_freed.wait()))
+            try:
+                await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+
+    async def _next_due(self, kinds: list[str]) -> float | None:
+        try:
+            return await self.store.next_due(kinds)
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            return None
+
+    async def _claim(self, kinds: list[str], limit: int, identity: str) -> list[ClaimedJob]:
+        plan: list[tuple[list[str], int]] = []
+        uncapped = [k for k in kinds if self._registry[k].cap is None]
+        if uncapped:
+            plan.append((uncapped, limit))
+        for k in kinds:
+            cap = self._registry[k].cap
+            if cap is not None:
+                plan.append(([k], min(limit, cap - self._running_by_kind[k])))
+        claimed_all: list[ClaimedJob] = []
+        for plan_kinds, plan_limit in plan:
+            room = min(plan_limit, self.concurrency - len(self._running))
+            if room <= 0:
+                break
+            claimed = await self.store.claim(
+                queue=self.queue,
+                kinds=plan_kinds,
+                limit=room,
+                worker=identity,
+                pod=self.identity.pod,
+                default_lease_s=self.lease,
+            )
+            for job in claimed:
+                self._start(job)
+            claimed_all.extend(claimed)
+        return claimed_all
+
+    def _start(self, job: ClaimedJob) -> None:
+        reg = self._registry[job.kind]
+        running = _Running(job, reg, asyncio.Event())
+        self._running[job.id] = running
+        self._running_by_kind[job.kind] += 1
+        self._counters.claimed += 1
+        logger.debug(
+            "claimed job %s (%s) run %d",
+            job.id,
+            job.kind,
+            job.run_count,
+            extra={"job_id": str(job.id), "kind": job.kind},
+        )
+        running.task = asyncio.create_task(self._execute(running), name=f"venturi-job-{job.id}")
+
+    async def _execute(self, running: _Running) -> None:
+        job = running.job
+        try:
+            settlement = await execute(job, running.reg, self.app, self.policy, running.cancelled)
+            assert self._completer is not None
+            await self._completer.settle(settlement)
+        finally:
+            del self._running[job.id]
+            self._running_by_kind[job.kind] -= 1
+            self._slot_freed.set()
+
+    async def _renew_loop(self) -> None:
+        """Keep the leases of running jobs alive; flag jobs whose claim was lost."""
+        while True:
+            if not self._running:
+                await asyncio.sleep(min(1.0, self.lease * RENEW_FRACTION))
+                continue
+            await asyncio.sleep(
+                min(r.job.lease_s for r in self._running.values()) * RENEW_FRACTION
+            )
+            running = [r for r in self._running.values() if not r.lost]
+            if not running:
+                continue
+            try:
+                owned = await self.store.renew_leases(
+                    [r.job.id for r in running],
+                    [r.job.claim_token for r in running],
+                    [r.job.lease_s for r in running],
+                )
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                logger.warning("lease renewal failed: %s", exc)
+                continue
+            for r in running:
+                if r.job.id not in owned and r.job.id in self._running:
+                    r.lost = True
+                    r.cancelled.set()  # the handler should stop: its work no longer counts
+                    logger.warning(
+                        "job %s (%s): lease lost (recovered by another worker)",
+                        r.job.id,
+                        r.job.kind,
+                        extra={"job_id": str(r.job.id), "kind": r.job.kind},
+                    )

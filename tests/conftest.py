@@ -1,0 +1,48 @@
+"""Test harness: one private PostgreSQL per test run, a fresh table prefix per test.
+
+Set VENTURI_TEST_DSN to run against an existing server instead.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+
+from venturi import PostgresStore, Queue
+from venturi.embedded import EmbeddedPostgres
+
+_prefixes = itertools.count()
+
+
+@pytest.fixture(scope="session")
+def pg_dsn() -> Iterator[str]:
+    if dsn := os.environ.get("VENTURI_TEST_DSN"):
+        yield dsn
+        return
+    with EmbeddedPostgres() as pg:
+        yield pg.dsn
+
+
+@pytest.fixture
+def prefix() -> str:
+    """A table prefix of its own for each test: tests are isolated and can run in parallel."""
+    return f"t{next(_prefixes)}_{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture
+async def store(pg_dsn: str, prefix: str) -> AsyncIterator[PostgresStore]:
+    store = await PostgresStore.connect(pg_dsn, prefix=prefix, max_size=20)
+    await store.migrate()
+    try:
+        yield store
+    finally:
+        await store.close()
+
+
+@pytest.fixture
+def queue(store: PostgresStore) -> Queue:
+    return Queue(store)
