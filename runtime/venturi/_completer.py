@@ -93,7 +93,9 @@ class Completer:
                 # The database is unreachable: keep the outcomes and retry. If the outage
                 # outlasts the leases, other workers recover the jobs and the guarded
                 # write below then drops them: nothing is lost, nothing settled twice.
-                logger.warning("settling %d jobs failed, retrying in %.2fs: %s", len(batch), delay, exc)
+                logger.warning(
+                    "settling %d jobs failed, retrying in %.2fs: %s", len(batch), delay, exc
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RETRY_DELAY_MAX)
         for s in batch:

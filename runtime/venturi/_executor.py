@@ -77,7 +77,9 @@ async def execute(
     try:
         result = await reg.handler(task, ctx, app)
     except asyncio.CancelledError:
-        logger.warning("job %s (%s) aborted at shutdown, released", job.id, job.kind, extra=log_extra)
+        logger.warning(
+            "job %s (%s) aborted at shutdown, released", job.id, job.kind, extra=log_extra
+        )
         return Settlement(
             job.id,
             job.claim_token,

@@ -8,7 +8,6 @@ stored; decoding failures at claim time become a dead job with the decoder's mes
 from __future__ import annotations
 
 import dataclasses
-import functools
 from typing import Any
 
 import msgspec
@@ -42,10 +41,15 @@ def _culprit(value: Any) -> str:
     return ""
 
 
-@functools.cache
+_decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
+
+
 def decoder(target: type[Any]) -> msgspec.json.Decoder[Any]:
     """A cached, typed decoder for a task or carry class."""
-    return msgspec.json.Decoder(target)
+    found = _decoders.get(target)
+    if found is None:
+        found = _decoders[target] = msgspec.json.Decoder(target)
+    return found
 
 
 def decode(target: type[Any], data: str | bytes) -> Any:

@@ -101,9 +101,7 @@ def free_port() -> int:
 class EmbeddedPostgres:
     """A PostgreSQL server in a temporary directory, owned by this process."""
 
-    def __init__(
-        self, *, settings: dict[str, str] | None = None, port: int | None = None
-    ) -> None:
+    def __init__(self, *, settings: dict[str, str] | None = None, port: int | None = None) -> None:
         self.settings = {**FAST_SETTINGS, **(settings or {})}
         self.port = port or free_port()
         self._dir: Path | None = None
@@ -128,26 +126,52 @@ class EmbeddedPostgres:
             os.chmod(self._dir, 0o755)
             for path in (self._dir, sockets):
                 os.chown(path, user.pw_uid, user.pw_gid)
-        run_as = {"user": user.pw_uid, "group": user.pw_gid} if user else {}
+        uid = user.pw_uid if user else None
+        gid = user.pw_gid if user else None
         init = subprocess.run(
-            [str(bindir / "initdb"), "-D", str(data), "-U", "postgres", "--auth=trust",
-             "-E", "UTF8", "--no-sync", "--no-instructions"],
+            [
+                str(bindir / "initdb"),
+                "-D",
+                str(data),
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "-E",
+                "UTF8",
+                "--no-sync",
+                "--no-instructions",
+            ],
             capture_output=True,
             text=True,
             cwd=self._dir,
-            **run_as,  # type: ignore[arg-type]
+            user=uid,
+            group=gid,
         )
         if init.returncode != 0:
             self._cleanup()
             raise EmbeddedPostgresError(f"initdb failed: {init.stderr.strip() or init.stdout}")
-        args = [str(bindir / "postgres"), "-D", str(data), "-p", str(self.port),
-                "-c", "listen_addresses=127.0.0.1", "-c", f"unix_socket_directories={sockets}"]
+        args = [
+            str(bindir / "postgres"),
+            "-D",
+            str(data),
+            "-p",
+            str(self.port),
+            "-c",
+            "listen_addresses=127.0.0.1",
+            "-c",
+            f"unix_socket_directories={sockets}",
+        ]
         for key, value in self.settings.items():
             args += ["-c", f"{key}={value}"]
         log = open(self._dir / "postgres.log", "wb")  # noqa: SIM115 - lives with the server
         self._proc = subprocess.Popen(
-            args, stdout=log, stderr=subprocess.STDOUT, cwd=self._dir, start_new_session=True,
-            **run_as,  # type: ignore[arg-type]
+            args,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            cwd=self._dir,
+            start_new_session=True,
+            user=uid,
+            group=gid,
         )
         log.close()
         deadline = time.monotonic() + START_TIMEOUT
@@ -156,10 +180,14 @@ class EmbeddedPostgres:
                 text = (self._dir / "postgres.log").read_text(errors="replace")
                 self._cleanup()
                 raise EmbeddedPostgresError(f"postgres exited at start:\n{text[-2000:]}")
-            ready = subprocess.run(
-                [str(bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port), "-q"],
-                capture_output=True,
-            ) if (bindir / "pg_isready").exists() else None
+            ready = (
+                subprocess.run(
+                    [str(bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port), "-q"],
+                    capture_output=True,
+                )
+                if (bindir / "pg_isready").exists()
+                else None
+            )
             if ready is not None and ready.returncode == 0:
                 return
             if ready is None:
@@ -192,7 +220,10 @@ class EmbeddedPostgres:
         return self
 
     def __exit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         self.stop()
 
@@ -201,6 +232,9 @@ class EmbeddedPostgres:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         await asyncio.to_thread(self.stop)

@@ -1,10 +1,10 @@
 """What a handler decides: `Outcome` for success and pauses, `TaskError` for failures.
 
-    return Outcome.completed()                  # done
-    return Outcome.completed(note="sent")       # done, with a journal note
-    return Outcome.pause_in(30)                 # re-pend with the carry; not a failure
-    raise TaskError.retryable("upstream 503")   # retry with backoff (any exception does)
-    raise TaskError.permanent("account gone")   # dead at once, no retry
+return Outcome.completed()                  # done
+return Outcome.completed(note="sent")       # done, with a journal note
+return Outcome.pause_in(30)                 # re-pend with the carry; not a failure
+raise TaskError.retryable("upstream 503")   # retry with backoff (any exception does)
+raise TaskError.permanent("account gone")   # dead at once, no retry
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Literal, Self
 
 import asyncpg
 import msgspec
@@ -27,6 +27,8 @@ from venturi.errors import StoreClosedError
 from venturi.jobs import Job, JobStatus, JournalEntry, JournalOutcome, Stats
 
 DEFAULT_PREFIX = "venturi"
+
+SSLMode = Literal["disable", "prefer", "allow", "require", "verify-ca", "verify-full"]
 
 
 class _HistoryRow(msgspec.Struct):
@@ -84,7 +86,7 @@ class PostgresStore:
         dsn: str | None = None,
         *,
         prefix: str = DEFAULT_PREFIX,
-        ssl: ssl_module.SSLContext | bool | str | None = None,
+        ssl: ssl_module.SSLContext | bool | SSLMode | None = None,
         min_size: int = 1,
         max_size: int = 10,
         connect_timeout: float = 10.0,
@@ -142,7 +144,10 @@ class PostgresStore:
         return self
 
     async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
     ) -> None:
         await self.close()
 
@@ -377,9 +382,7 @@ class PostgresStore:
         )
 
     async def journal(self, job_id: ULID | uuid.UUID) -> list[JournalEntry]:
-        rows = await self._pool_or_raise().fetch(
-            self._q["journal_list_for_job"], _as_uuid(job_id)
-        )
+        rows = await self._pool_or_raise().fetch(self._q["journal_list_for_job"], _as_uuid(job_id))
         return [
             JournalEntry(
                 run=r[1],
@@ -424,7 +427,7 @@ class PostgresStore:
 class Listening:
     """A live LISTEN connection, as `PostgresStore.listen` yields it."""
 
-    def __init__(self, conn: asyncpg.Connection, probe_sql: str) -> None:
+    def __init__(self, conn: asyncpg.pool.PoolConnectionProxy[Any], probe_sql: str) -> None:
         self._conn = conn
         self._probe_sql = probe_sql
 

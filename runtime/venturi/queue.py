@@ -1,9 +1,9 @@
 """`Queue`: the producer's handle. It needs task classes only, never handlers.
 
-    queue = Queue(store)
-    job_id = await queue.enqueue(SendEmail(to="a@example.com", subject="hi"))
-    await queue.enqueue_in(Reminder(user=7), timedelta(hours=1))
-    ids = await queue.enqueue_many(SendEmail(to=a, subject="x") for a in addresses)
+queue = Queue(store)
+job_id = await queue.enqueue(SendEmail(to="a@example.com", subject="hi"))
+await queue.enqueue_in(Reminder(user=7), timedelta(hours=1))
+ids = await queue.enqueue_many(SendEmail(to=a, subject="x") for a in addresses)
 """
 
 from __future__ import annotations

@@ -21,11 +21,14 @@ import dataclasses
 import enum
 import re
 import typing
-from typing import Any, ClassVar, Generic, TypeVar
+from typing import Any, ClassVar, Generic
+
+from typing_extensions import TypeVar
 
 from venturi.backoff import Backoff, Seconds
 
-C = TypeVar("C")
+C = TypeVar("C", default=None)
+"""The carry type; tasks that declare none carry nothing (`Task` is `Task[None]`)."""
 
 _KIND = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,199}")
 
@@ -91,7 +94,7 @@ def carry_type_of(task_type: type[Task[Any]]) -> type[Any] | None:
         for base in getattr(klass, "__orig_bases__", ()):
             if typing.get_origin(base) is Task:
                 (arg,) = typing.get_args(base)
-                if arg is type(None) or isinstance(arg, TypeVar):
+                if arg is type(None) or isinstance(arg, typing.TypeVar | TypeVar):
                     return None
                 if not isinstance(arg, type):
                     raise TypeError(

@@ -118,7 +118,9 @@ class Worker(Generic[AppT]):
         if priority_ratio is not None and (
             not isinstance(priority_ratio, int) or priority_ratio < 1
         ):
-            raise ValueError(f"priority_ratio: expected an int >= 1 or None, got {priority_ratio!r}")
+            raise ValueError(
+                f"priority_ratio: expected an int >= 1 or None, got {priority_ratio!r}"
+            )
         if not isinstance(backoff, Backoff):
             raise TypeError(f"backoff: expected a venturi.Backoff, got {backoff!r}")
         if not isinstance(panic_policy, PanicPolicy):
@@ -375,9 +377,7 @@ class Worker(Generic[AppT]):
             if not self._running:
                 await asyncio.sleep(min(1.0, self.lease * RENEW_FRACTION))
                 continue
-            await asyncio.sleep(
-                min(r.job.lease_s for r in self._running.values()) * RENEW_FRACTION
-            )
+            await asyncio.sleep(min(r.job.lease_s for r in self._running.values()) * RENEW_FRACTION)
             running = [r for r in self._running.values() if not r.lost]
             if not running:
                 continue

@@ -31,13 +31,13 @@ async def running(worker: Worker[Any]) -> AsyncIterator[asyncio.Event]:
         await asyncio.wait_for(task, timeout=WAIT_TIMEOUT + 30)
 
 
-async def until(check: Callable[[], Awaitable[bool]], timeout: float = WAIT_TIMEOUT) -> None:
+async def until(check: Callable[[], Awaitable[bool]], limit: float = WAIT_TIMEOUT) -> None:
     """Poll a database condition. The database is the event source here: there is nothing
     in-process to await, so this polls with a short interval and a hard timeout."""
-    deadline = asyncio.get_running_loop().time() + timeout
+    deadline = asyncio.get_running_loop().time() + limit
     while not await check():
         if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"condition not met within {timeout}s")
+            raise AssertionError(f"condition not met within {limit}s")
         await asyncio.sleep(0.02)
 
 

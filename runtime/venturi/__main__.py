@@ -1,0 +1,5 @@
+import sys
+
+from venturi.cli import main
+
+sys.exit(main())

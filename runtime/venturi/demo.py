@@ -1,0 +1,126 @@
+"""The demo behind `venturi demo`: enqueue a mix of jobs, run a worker until they are all
+done, and print progress and the final stats. Shows the four outcomes and the carry.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import time
+from dataclasses import dataclass
+from typing import TextIO
+
+from venturi.backoff import Backoff
+from venturi.context import Context
+from venturi.embedded import EmbeddedPostgres
+from venturi.outcome import Outcome, TaskError
+from venturi.postgres import PostgresStore
+from venturi.queue import Queue
+from venturi.task import Task
+from venturi.worker import Worker
+
+
+@dataclass
+class Thumbnail(Task):
+    KIND = "demo.thumbnail"
+    image_id: int
+
+
+@dataclass
+class Receipt(Task):
+    """Fails its first run one time in ten (a flaky mail server), then succeeds."""
+
+    KIND = "demo.receipt"
+    order_id: int
+
+
+@dataclass
+class Cursor:
+    page: int = 0
+
+
+@dataclass
+class Import(Task[Cursor]):
+    """Imports three pages, pausing between them: the carry keeps its place."""
+
+    KIND = "demo.import"
+    account_id: int
+
+
+async def thumbnail(task: Thumbnail, ctx: Context[None], app: None) -> Outcome:
+    return Outcome.completed()
+
+
+async def receipt(task: Receipt, ctx: Context[None], app: None) -> Outcome:
+    if task.order_id % 10 == 0 and ctx.run_count == 1:
+        raise TaskError.retryable("mail server said 451, try again later")
+    return Outcome.completed(note="sent")
+
+
+async def import_(task: Import, ctx: Context[Cursor], app: None) -> Outcome:
+    ctx.carry.page += 1
+    ctx.attach({"page": ctx.carry.page})
+    if ctx.carry.page < 3:
+        return Outcome.pause_in(0)
+    return Outcome.completed(note=f"imported {ctx.carry.page} pages")
+
+
+async def run_demo(
+    dsn: str | None,
+    *,
+    jobs: int = 3000,
+    concurrency: int = 8,
+    prefix: str = "venturi_demo",
+    out: TextIO = sys.stdout,
+) -> None:
+    """Run the demo against `dsn`, or against an embedded server when `dsn` is None."""
+    if dsn is None:
+        print("no DSN given: starting an embedded PostgreSQL ...", file=out)
+        async with EmbeddedPostgres() as pg:
+            print(f"embedded PostgreSQL at {pg.dsn}", file=out)
+            await _demo(pg.dsn, jobs, concurrency, prefix, out)
+    else:
+        await _demo(dsn, jobs, concurrency, prefix, out)
+
+
+async def _demo(dsn: str, jobs: int, concurrency: int, prefix: str, out: TextIO) -> None:
+    async with await PostgresStore.connect(dsn, prefix=prefix) as store:
+        await store.migrate()
+        queue = Queue(store)
+        third = jobs // 3
+        started = time.monotonic()
+        await queue.enqueue_many(Thumbnail(image_id=i) for i in range(jobs - 2 * third))
+        await queue.enqueue_many(Receipt(order_id=i) for i in range(third))
+        await queue.enqueue_many(Import(account_id=i) for i in range(third))
+        print(f"enqueued {jobs} jobs in {time.monotonic() - started:.2f}s", file=out)
+
+        worker = Worker(None, store, concurrency=concurrency, backoff=Backoff(0.05, 1.0))
+        worker.register(Thumbnail, thumbnail)
+        worker.register(Receipt, receipt)
+        worker.register(Import, import_)
+        shutdown = asyncio.Event()
+        run = asyncio.create_task(worker.run(shutdown))
+        started = time.monotonic()
+        while True:
+            await asyncio.sleep(0.5)
+            stats = await queue.stats()
+            outstanding = stats.pending + stats.claimed + sum(stats.scheduled_by_kind.values())
+            elapsed = time.monotonic() - started
+            done = jobs - outstanding
+            print(
+                f"  {elapsed:5.1f}s  done {done:>6}/{jobs}  pending {stats.pending:>6}  "
+                f"running {stats.claimed:>3}  dead {stats.dead}",
+                file=out,
+            )
+            if outstanding == 0 or run.done():
+                break
+        shutdown.set()
+        await run
+        elapsed = time.monotonic() - started
+        stats = await queue.stats()
+        print(f"all {jobs} jobs settled in {elapsed:.2f}s: {jobs / elapsed:,.0f} jobs/s", file=out)
+        print(f"  (pauses and retries included: {third} imports ran 3 times each)", file=out)
+        print(
+            f"final stats: pending={stats.pending} claimed={stats.claimed} dead={stats.dead}",
+            file=out,
+        )
