@@ -1,0 +1,378 @@
+"""The job lifecycle against a real PostgreSQL: outcomes, carry, journal, backoff, backstop,
+delays and wake-ups."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from venturi import (
+    Backoff,
+    Context,
+    JobStatus,
+    JournalOutcome,
+    Outcome,
+    PanicPolicy,
+    PostgresStore,
+    Queue,
+    Task,
+    TaskError,
+    Worker,
+)
+
+from .helpers import running, until_status
+
+
+@dataclass
+class Job(Task):
+    KIND = "job"
+    n: int = 0
+
+
+@dataclass
+class Progress:
+    steps: list[int] = field(default_factory=list)
+
+
+@dataclass
+class Stepper(Task[Progress]):
+    KIND = "stepper"
+    total: int
+
+
+def fast_worker(store: PostgresStore, **kwargs: object) -> Worker[None]:
+    options: dict[str, object] = {"backoff": Backoff(0.01, 0.05), "poll_max": 5.0}
+    options.update(kwargs)
+    return Worker(None, store, **options)  # type: ignore[arg-type]
+
+
+async def test_completed_with_note(queue: Queue) -> None:
+    async def handle(task: Job, ctx: Context[None], app: None) -> Outcome:
+        return Outcome.completed(note=f"did {task.n}")
+
+    worker = fast_worker(queue.store)
+    worker.register(Job, handle)
+    job_id = await queue.enqueue(Job(n=7))
+    async with running(worker):
+        await until_status(queue, job_id, JobStatus.COMPLETED)
+    job = await queue.job(job_id)
+    assert job is not None
+    assert job.finished_at is not None and job.run_count == 1 and job.failures == 0
+    [entry] = await queue.job_journal(job_id)
+    assert entry.outcome is JournalOutcome.COMPLETED and entry.note == "did 7"
+    assert entry.run == 1 and not entry.is_failure
+    assert entry.duration is not None and entry.duration >= 0
+    assert entry.worker == str(worker.identity)
+
+
+async def test_returning_none_completes(queue: Queue) -> None:
+    async def handle(task: Job, ctx: Context[None], app: None) -> None:
+        return None
+
+    worker = fast_worker(queue.store)
+    worker.register(Job, handle)
+    job_id = await queue.enqueue(Job())
+    async with running(worker):
+        await until_status(queue, job_id, JobStatus.COMPLETED)
+
+
+async def test_pause_carries_state_and_is_not_a_failure(queue: Queue) -> None:
+    seen: list[tuple[int, list[int], int]] = []
+
+    async def handle(task: Stepper, ctx: Context[Progress], app: None) -> Outcome:
+        seen.append((ctx.run_count, list(ctx.carry.steps), len(ctx.history)))
+        ctx.carry.steps.append(ctx.run_count)
+        ctx.attach({"step": ctx.run_count})
+        if len(ctx.carry.steps) < task.total:
+            return Outcome.pause_in(0, note="checkpoint")
+        return Outcome.completed()
+
+    worker = fast_worker(queue.store, backstop=1)  # a pause must never trip the backstop
+    worker.register(Stepper, handle)
+    job_id = await queue.enqueue(Stepper(total=3))
+    async with running(worker):
+        await until_status(queue, job_id, JobStatus.COMPLETED)
+    assert seen == [(1, [], 0), (2, [1], 1), (3, [1, 2], 2)]
+    journal = await queue.job_journal(job_id)
+    assert [e.outcome for e in journal] == ["paused", "paused", "completed"]
+    assert [e.attachment for e in journal] == [{"step": 1}, {"step": 2}, {"step": 3}]
+    assert [e.note for e in journal][:2] == ["checkpoint", "checkpoint"]
+    job = await queue.job(job_id)
+    assert job is not None and job.failures == 0 and job.run_count == 3
+
+
+async def test_pause_in_delays_the_next_run(queue: Queue) -> None:
+    runs: list[int] = []
+
+    async def handle(task: Job, ctx: Context[None], app: None) -> Outcome:
+        runs.append(ctx.run_count)
+        return Outcome.pause_in(3600) if ctx.run_count == 1 else Outcome.completed()
+
+    worker = fast_worker(queue.store)
+    worker.register(Job, handle)
+    job_id = await queue.enqueue(Job())
+    async with running(worker):
+        await until_status(queue, job_id, JobStatus.PENDING)
+        await until_journal(queue, job_id, 1)
+    job = await queue.job(job_id)
+    assert job is not None and job.status is JobStatus.PENDING
+    assert job.run_at - job.created_at > timedelta(minutes=59)
+    assert runs == [1]
+
+
+async def until_journal(queue: Queue, job_id: object, n: int) -> None:
+    from .helpers import until
+
+    async def check() -> bool:
+        return len(await queue.job_journal(job_id)) >= n  # type: ignore[arg-type]
+
+    await until(check)
+
+
+async def test_retry_carries_state_and_records_failures(queue: Queue) -> None:
+    seen: list[tuple[int, list[int], list[bool]]] = []
+
+    async def handle(task: Stepper, ctx: Context[Progress], app: None) -> Outcome:
+        seen.append((ctx.run_count, list(ctx.carry.steps), [e.is_failure for e in ctx.history]))
+        ctx.carry.steps.append(ctx.run_count)
+        if ctx.run_count < 3:
+            raise RuntimeError(f"boom {ctx.run_count}")
+        return Outcome.completed()
+
+    worker = fast_worker(queue.store)
+    worker.register(Stepper, handle)
+    job_id = await queue.enqueue(Stepper(total=0))
+    async with running(worker):
+        await until_status(queue, job_id, JobStatus.COMPLETED)
+    assert seen == [(1, [], []), (2, [1], [True]), (3, [1, 2], [True, True])]
+    journal = await queue.job_journal(job_id)
+    assert [e.outcome for e in journal] == ["failed", "failed", "completed"]
+    assert journal[0].note == "RuntimeError: boom 1"
+    job = await queue.job(job_id)
+    assert job is not None and job.failures == 2 and job.last_error == "RuntimeError: boom 2"
+
+
+async def test_task_error_retryable_then_permanent(queue: Queue) -> None:
+    async def handle(task: Job, ctx: Context[None], app: None) -> Outcome:
+        if ctx.run_count == 1:
+            raise TaskError.retryable("not yet")
+        raise TaskError.permanent("resource gone")
+
+    worker = fast_worker(queue.store)
+    worker.register(Job, handle)
+    job_id = await queue.enqueue(Job())
+    async with running(worker):
+        await until_status(queue, job_id, JobStatus.DEAD)
+    journal = await queue.job_journal(job_id)
+    assert [(e.outcome, e.note) for e in journal] == [
+        ("failed", "not yet"),
+        ("dead", "resource gone"),
+    ]
+    job = await queue.job(job_id)
+    assert job is not None and job.run_count == 2 and job.failures == 2
+
+
+async def test_backstop_sends_to_dead(queue: Queue) -> None:
+    async def handle(task: Job, ctx: Context[None], app: None) -> Outcome:
+        raise ValueError("always")
+
+    worker = fast_worker(queue.store, backstop=3, backoff=Backoff(0, 0))
+    worker.register(Job, handle)
+    job_id = await queue.enqueue(Job())
+    async with running(worker):
+        await until_status(queue, job_id, JobStatus.DEAD)
+    journal = await queue.job_journal(job_id)
+    assert [e.outcome for e in journal] == ["failed", "failed", "dead"]
+    assert journal[-1].note is not None and "backstop reached after 3" in journal[-1].note
+
+
+async def test_backstop_none_never_gives_up_by_itself(queue: Queue) -> None:
+    async def handle(task: Job, ctx: Context[None], app: None) -> Outcome:
+        if ctx.run_count < 30:
+            raise ValueError("again")
+        return Outcome.completed()
+
+    worker = fast_worker(queue.store, backstop=None, backoff=Backoff(0, 0))
+    worker.register(Job, handle)
+    job_id = await queue.enqueue(Job())
+    async with running(worker):
+        await until_status(queue, job_id, JobStatus.COMPLETED)
+    job = await queue.job(job_id)
+    assert job is not None and job.failures == 29
+
+
+async def test_panic_policy_dead(queue: Queue) -> None:
+    async def handle(task: Job, ctx: Context[None], app: None) -> Outcome:
+        raise KeyError("bug")
+
+    worker = fast_worker(queue.store, panic_policy=PanicPolicy.DEAD)
+    worker.register(Job, handle)
+    job_id = await queue.enqueue(Job())
+    async with running(worker):
+        await until_status(queue, job_id, JobStatus.DEAD)
+    [entry] = await queue.job_journal(job_id)
+    assert entry.outcome is JournalOutcome.DEAD and entry.note == "KeyError: 'bug'"
+
+
+async def test_retry_delay_follows_the_backoff_curve(queue: Queue) -> None:
+    """The third failure waits base * (fib(3) - 1) = 1 base unit (no jitter)."""
+
+    async def handle(task: Job, ctx: Context[None], app: None) -> Outcome:
+        raise ValueError("fail")
+
+    worker = Worker(None, queue.store, backoff=Backoff(3600, 7200), jitter_fraction=0.0, poll_max=5)
+    worker.register(Job, handle)
+    job_id = await queue.enqueue(Job())
+    async with running(worker):
+        # Failures 1 and 2 retry at once (multiplier 0); failure 3 waits one hour.
+        await until_journal(queue, job_id, 3)
+    job = await queue.job(job_id)
+    journal = await queue.job_journal(job_id)
+    assert job is not None and job.status is JobStatus.PENDING and job.failures == 3
+    wait = job.run_at - journal[-1].at
+    assert timedelta(minutes=59) < wait <= timedelta(hours=1, seconds=1)
+
+
+async def test_task_backoff_override_is_stored_at_enqueue(queue: Queue) -> None:
+    @dataclass
+    class Slow(Task):
+        KIND = "slow_backoff"
+
+        def backoff(self) -> Backoff:
+            return Backoff(7200, 7200)
+
+    async def handle(task: Slow, ctx: Context[None], app: None) -> Outcome:
+        raise ValueError("fail")
+
+    worker = Worker(None, queue.store, backoff=Backoff(0, 0), jitter_fraction=0.0, poll_max=5)
+    worker.register(Slow, handle)
+    job_id = await queue.enqueue(Slow())
+    async with running(worker):
+        await until_journal(queue, job_id, 3)
+    job = await queue.job(job_id)
+    assert job is not None and job.run_at - job.created_at > timedelta(hours=1)
+
+
+async def test_delayed_job_starts_when_due_not_at_poll(queue: Queue) -> None:
+    started = asyncio.Event()
+    start_times: list[datetime] = []
+
+    async def handle(task: Job, ctx: Context[None], app: None) -> Outcome:
+        start_times.append(datetime.now(UTC))
+        started.set()
+        return Outcome.completed()
+
+    worker = fast_worker(queue.store, poll_max=60)  # a poll would be far too late
+    worker.register(Job, handle)
+    async with running(worker):
+        job_id = await queue.enqueue_in(Job(), 0.5)
+        await asyncio.wait_for(started.wait(), timeout=10)
+    job = await queue.job(job_id)
+    assert job is not None
+    # Started at (or just after) its run_at, by the database clock, not before.
+    lateness = (start_times[0] - job.run_at).total_seconds()
+    assert -0.05 < lateness < 5
+
+
+async def test_enqueue_at_in_the_future_waits(queue: Queue) -> None:
+    async def handle(task: Job, ctx: Context[None], app: None) -> Outcome:
+        return Outcome.completed()
+
+    worker = fast_worker(queue.store)
+    worker.register(Job, handle)
+    later = await queue.enqueue_at(Job(n=1), datetime.now(UTC) + timedelta(hours=1))
+    now = await queue.enqueue(Job(n=2))
+    async with running(worker):
+        await until_status(queue, now, JobStatus.COMPLETED)
+    job = await queue.job(later)
+    assert job is not None and job.status is JobStatus.PENDING and job.run_count == 0
+    stats = await queue.stats()
+    assert stats.scheduled_by_kind == {"job": 1} and stats.pending == 0
+
+
+async def test_notify_wakes_an_idle_worker(queue: Queue) -> None:
+    started = asyncio.Event()
+
+    async def handle(task: Job, ctx: Context[None], app: None) -> Outcome:
+        started.set()
+        return Outcome.completed()
+
+    worker = fast_worker(queue.store, poll_max=120)
+    worker.register(Job, handle)
+    async with running(worker):
+        # The worker is idle until poll_max; only the NOTIFY can wake it in time.
+        await queue.enqueue(Job())
+        await asyncio.wait_for(started.wait(), timeout=10)
+
+
+async def test_enqueue_many_is_one_batch(queue: Queue) -> None:
+    done: list[int] = []
+
+    async def handle(task: Job, ctx: Context[None], app: None) -> Outcome:
+        done.append(task.n)
+        return Outcome.completed()
+
+    ids = await queue.enqueue_many(Job(n=i) for i in range(500))
+    assert len(ids) == len(set(ids)) == 500
+    assert ids == sorted(ids)  # ULIDs are time-ordered
+    worker = fast_worker(queue.store, concurrency=8)
+    worker.register(Job, handle)
+    async with running(worker):
+        await until_status(queue, ids[-1], JobStatus.COMPLETED)
+
+        async def all_done() -> bool:
+            return (await queue.stats()).pending == 0
+
+        from .helpers import until
+
+        await until(all_done)
+    assert sorted(done) == list(range(500))
+
+
+async def test_handle_method_on_the_task(queue: Queue) -> None:
+    calls: list[str] = []
+
+    @dataclass
+    class Greet(Task):
+        KIND = "greet"
+        name: str
+
+        async def handle(self, ctx: Context[None], app: list[str]) -> Outcome:
+            app.append(self.name)
+            return Outcome.completed()
+
+    worker: Worker[list[str]] = Worker(calls, queue.store)
+    worker.register(Greet)
+    job_id = await queue.enqueue(Greet(name="grace"))
+    async with running(worker):
+        await until_status(queue, job_id, JobStatus.COMPLETED)
+    assert calls == ["grace"]
+
+
+@pytest.mark.parametrize("priority_first", [True])
+async def test_priority_orders_claims(queue: Queue, priority_first: bool) -> None:
+    from venturi import Priority
+
+    order: list[int] = []
+
+    async def handle(task: Job, ctx: Context[None], app: None) -> Outcome:
+        order.append(task.n)
+        return Outcome.completed()
+
+    await queue.enqueue(Job(n=1), priority=Priority.LOW)
+    await queue.enqueue(Job(n=2))
+    await queue.enqueue(Job(n=3), priority=Priority.HIGH)
+    worker = fast_worker(queue.store, concurrency=1, priority_ratio=None)
+    worker.register(Job, handle)
+    async with running(worker):
+
+        async def all_done() -> bool:
+            return len(order) == 3
+
+        from .helpers import until
+
+        await until(all_done)
+    assert order == [3, 2, 1]
