@@ -13,7 +13,16 @@ from venturi.errors import (
     VenturiError,
 )
 from venturi.identity import WorkerIdentity
-from venturi.jobs import Job, JobStatus, JournalEntry, JournalOutcome, Stats
+from venturi.jobs import (
+    CleanupCriteria,
+    HistoryFilter,
+    Job,
+    JobStatus,
+    JournalEntry,
+    JournalOutcome,
+    Stats,
+)
+from venturi.merge import DedupKey, Merge, Pending
 from venturi.outcome import Outcome, PanicPolicy, TaskError
 from venturi.postgres import PostgresStore
 from venturi.queue import Queue
@@ -25,15 +34,20 @@ __version__ = "0.1.0"
 __all__ = [
     "AttachmentTooLarge",
     "Backoff",
+    "CleanupCriteria",
     "Context",
+    "DedupKey",
     "DuplicateKindError",
+    "HistoryFilter",
     "Job",
     "JobStatus",
     "JournalEntry",
     "JournalOutcome",
+    "Merge",
     "Outcome",
     "PanicPolicy",
     "PayloadError",
+    "Pending",
     "PostgresStore",
     "Priority",
     "Queue",

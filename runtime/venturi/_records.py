@@ -85,3 +85,25 @@ class Recovery:
     dead: bool
     delay_s: float
     note: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExistingJob:
+    """A pending job an enqueue collided with (same kind and dedup key), locked."""
+
+    id: uuid.UUID
+    payload: str
+    carry: str | None
+    run_count: int
+    journal: tuple[JournalEntry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class MergePlan:
+    """How to apply a merge: a new payload (None keeps it), maybe a carry, maybe a tier."""
+
+    action: str
+    payload: str | None = None
+    set_carry: bool = False
+    carry: str | None = None
+    priority: int | None = None

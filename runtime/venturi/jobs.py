@@ -122,3 +122,27 @@ class Stats:
     def oldest_pending_age(self) -> float | None:
         """Seconds the oldest eligible job has waited, over all kinds (None when none)."""
         return max(self.oldest_pending_age_by_kind.values(), default=None)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HistoryFilter:
+    """Which jobs `Queue.jobs` lists; every criterion is optional. Newest first."""
+
+    status: JobStatus | None = None
+    kind: str | None = None
+    queue: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    before_id: ULID | None = None
+    """Keyset pagination: pass the last id of the previous page."""
+    limit: int = 100
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CleanupCriteria:
+    """Which finished jobs `Queue.cleanup` deletes (with their journal)."""
+
+    finished_before: datetime
+    kind: str | None = None
+    status: JobStatus | None = None
+    """COMPLETED or DEAD; None deletes both. Pending and claimed jobs are never deleted."""

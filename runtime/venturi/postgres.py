@@ -22,9 +22,25 @@ from ulid import ULID
 
 from venturi import codec
 from venturi._db import sql
-from venturi._records import ClaimedJob, NewJob, Recovery, Settlement, StaleJob
+from venturi._records import (
+    ClaimedJob,
+    ExistingJob,
+    MergePlan,
+    NewJob,
+    Recovery,
+    Settlement,
+    StaleJob,
+)
 from venturi.errors import StoreClosedError
-from venturi.jobs import Job, JobStatus, JournalEntry, JournalOutcome, Stats
+from venturi.jobs import (
+    CleanupCriteria,
+    HistoryFilter,
+    Job,
+    JobStatus,
+    JournalEntry,
+    JournalOutcome,
+    Stats,
+)
 
 DEFAULT_PREFIX = "venturi"
 
@@ -180,21 +196,7 @@ class PostgresStore:
     # -- producing -------------------------------------------------------------------
 
     async def insert(self, job: NewJob) -> None:
-        await self._pool_or_raise().execute(
-            self._q["job_insert"],
-            job.id,
-            job.kind,
-            job.queue,
-            job.priority,
-            job.run_at,
-            job.delay_s,
-            job.payload,
-            job.lease_s,
-            job.backoff_base_s,
-            job.backoff_cap_s,
-            job.dedup_key,
-            self.channel,
-        )
+        await self._pool_or_raise().execute(self._q["job_insert"], *_insert_args(job), self.channel)
 
     async def insert_many(self, jobs: Sequence[NewJob]) -> None:
         """Insert many jobs in one statement (one round trip)."""
@@ -216,6 +218,39 @@ class PostgresStore:
             self.channel,
         )
 
+    async def insert_deduplicated(
+        self, job: NewJob, decide: Callable[[ExistingJob], MergePlan]
+    ) -> uuid.UUID:
+        """Insert `job` unless a pending job of the same kind and dedup key exists; then
+        `decide` (pure) chooses, and the plan is applied. Returns the id that holds the work.
+
+        Producers of one (kind, key) are serialized by an advisory lock, so concurrent
+        enqueues end as the merge policy says, never with two rows where it said one.
+        """
+        assert job.dedup_key is not None
+        async with self._pool_or_raise().acquire() as conn, conn.transaction():
+            await conn.execute(self._q["dedup_lock"], _dedup_lock_key(self._prefix, job))
+            row = await conn.fetchrow(
+                self._q["job_find_pending_duplicate"], job.kind, job.dedup_key
+            )
+            if row is not None:
+                journal = await conn.fetch(self._q["journal_list_for_job"], row[0])
+                existing = ExistingJob(row[0], row[1], row[2], row[3], _journal(journal))
+                plan = decide(existing)
+                if plan.action != "independent":
+                    await conn.execute(
+                        self._q["job_merge"],
+                        existing.id,
+                        plan.payload,
+                        plan.set_carry,
+                        plan.carry,
+                        plan.priority,
+                        plan.action,
+                    )
+                    return existing.id
+            await conn.execute(self._q["job_insert"], *_insert_args(job), self.channel)
+            return job.id
+
     # -- consuming -------------------------------------------------------------------
 
     async def claim(
@@ -227,16 +262,18 @@ class PostgresStore:
         worker: str,
         pod: str | None,
         default_lease_s: float,
-        min_priority: int = 0,
-        max_priority: int = 2,
+        reserved_low: int = 0,
+        reserved_normal: int = 0,
     ) -> list[ClaimedJob]:
+        """Claim up to `limit` jobs; `reserved_low` of the slots go to LOW jobs first and
+        `reserved_normal` to NORMAL-or-LOW ones (anti-starvation), the rest to any tier."""
         rows = await self._pool_or_raise().fetch(
             self._q["job_claim"],
             queue,
             list(kinds),
-            min_priority,
-            max_priority,
-            limit,
+            reserved_low,
+            reserved_normal,
+            limit - reserved_low - reserved_normal,
             worker,
             pod,
             default_lease_s,
@@ -359,27 +396,35 @@ class PostgresStore:
 
     async def get_job(self, job_id: ULID | uuid.UUID) -> Job | None:
         row = await self._pool_or_raise().fetchrow(self._q["job_get"], _as_uuid(job_id))
-        if row is None:
-            return None
-        return Job(
-            id=ULID.from_bytes(row[0].bytes),
-            kind=row[1],
-            queue=row[2],
-            status=JobStatus(row[3]),
-            priority=row[4],
-            run_at=row[5],
-            created_at=row[6],
-            finished_at=row[7],
-            payload=codec.decode_any(row[8]),
-            carry=codec.decode_any(row[9]),
-            run_count=row[10],
-            failures=row[11],
-            claimed_at=row[12],
-            lease_until=row[13],
-            claimed_by=row[14],
-            claimed_pod=row[15],
-            last_error=row[16],
+        return None if row is None else _job(row)
+
+    async def list_jobs(self, f: HistoryFilter) -> list[Job]:
+        rows = await self._pool_or_raise().fetch(
+            self._q["job_list"],
+            f.status.value if f.status is not None else None,
+            f.kind,
+            f.queue,
+            f.before_id.to_uuid() if f.before_id is not None else None,
+            f.created_after,
+            f.created_before,
+            f.limit,
         )
+        return [_job(r) for r in rows]
+
+    async def cleanup(self, c: CleanupCriteria, *, batch_size: int = 1000) -> int:
+        """Delete finished jobs in bounded batches (each its own short transaction)."""
+        total = 0
+        while True:
+            n: int = await self._pool_or_raise().fetchval(
+                self._q["job_cleanup_batch"],
+                c.finished_before,
+                c.kind,
+                c.status.value if c.status is not None else None,
+                batch_size,
+            )
+            total += n
+            if n < batch_size:
+                return total
 
     async def journal(self, job_id: ULID | uuid.UUID) -> list[JournalEntry]:
         rows = await self._pool_or_raise().fetch(self._q["journal_list_for_job"], _as_uuid(job_id))
@@ -422,6 +467,64 @@ class PostgresStore:
             dead_by_kind=dead,
             oldest_pending_age_by_kind=oldest,
         )
+
+
+def _job(row: asyncpg.Record) -> Job:
+    return Job(
+        id=ULID.from_bytes(row[0].bytes),
+        kind=row[1],
+        queue=row[2],
+        status=JobStatus(row[3]),
+        priority=row[4],
+        run_at=row[5],
+        created_at=row[6],
+        finished_at=row[7],
+        payload=codec.decode_any(row[8]),
+        carry=codec.decode_any(row[9]),
+        run_count=row[10],
+        failures=row[11],
+        claimed_at=row[12],
+        lease_until=row[13],
+        claimed_by=row[14],
+        claimed_pod=row[15],
+        last_error=row[16],
+    )
+
+
+def _journal(rows: Sequence[asyncpg.Record]) -> tuple[JournalEntry, ...]:
+    return tuple(
+        JournalEntry(
+            run=r[1],
+            outcome=JournalOutcome(r[2]),
+            at=r[3],
+            note=r[4],
+            attachment=codec.decode_any(r[5]),
+            duration=r[6],
+            worker=r[7],
+        )
+        for r in rows
+    )
+
+
+def _insert_args(job: NewJob) -> tuple[Any, ...]:
+    return (
+        job.id,
+        job.kind,
+        job.queue,
+        job.priority,
+        job.run_at,
+        job.delay_s,
+        job.payload,
+        job.lease_s,
+        job.backoff_base_s,
+        job.backoff_cap_s,
+        job.dedup_key,
+    )
+
+
+def _dedup_lock_key(prefix: str, job: NewJob) -> int:
+    key = f"venturi:dedup:{prefix}:{job.kind}:{job.dedup_key}".encode()
+    return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big", signed=True)
 
 
 class Listening:

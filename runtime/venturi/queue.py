@@ -16,11 +16,12 @@ from typing import Any
 from ulid import ULID
 
 from venturi import codec
-from venturi._records import NewJob
+from venturi._records import ExistingJob, MergePlan, NewJob
 from venturi.backoff import Seconds, to_seconds
-from venturi.jobs import Job, JournalEntry, Stats
+from venturi.jobs import CleanupCriteria, HistoryFilter, Job, JobStatus, JournalEntry, Stats
+from venturi.merge import DedupKey, Merge, MergeAction, Pending
 from venturi.postgres import PostgresStore
-from venturi.task import Priority, Task, kind_of
+from venturi.task import Priority, Task, carry_type_of, kind_of
 
 logger = logging.getLogger(__name__)
 
@@ -35,11 +36,63 @@ class Queue:
         self.queue = queue
 
     async def enqueue(self, task: Task[Any], *, priority: Priority | None = None) -> ULID:
-        """Store a job that is eligible now; returns its id."""
-        job = self._new_job(task, priority=priority)
-        await self.store.insert(job)
+        """Store a job that is eligible now; returns its id.
+
+        When the task has a `dedup_key()` and a pending job of its KIND has the same key,
+        `task.merge(existing)` decides, and the id returned is the one holding the work.
+        """
+        return await self._store(task, self._new_job(task, priority=priority))
+
+    async def _store(self, task: Task[Any], job: NewJob) -> ULID:
+        if job.dedup_key is None:
+            await self.store.insert(job)
+            self._log(job)
+            return ULID.from_bytes(job.id.bytes)
+        holder = await self.store.insert_deduplicated(
+            job, lambda existing: self._merge_plan(task, job, existing)
+        )
         self._log(job)
-        return ULID.from_bytes(job.id.bytes)
+        return ULID.from_bytes(holder.bytes)
+
+    @staticmethod
+    def _merge_plan(task: Task[Any], job: NewJob, existing: ExistingJob) -> MergePlan:
+        task_type = type(task)
+        carry_type = carry_type_of(task_type)
+        pending: Pending[Any] = Pending(
+            id=ULID.from_bytes(existing.id.bytes),
+            task=codec.decode(task_type, existing.payload),
+            carry=(
+                None
+                if carry_type is None
+                else codec.decode(carry_type, existing.carry)
+                if existing.carry is not None
+                else carry_type()
+            ),
+            run_count=existing.run_count,
+            journal=existing.journal,
+        )
+        decision = task.merge(pending)
+        if not isinstance(decision, Merge):
+            raise TypeError(f"{task_type.__qualname__}.merge() returned {decision!r}, not a Merge")
+        if decision.action is MergeAction.KEEP:
+            return MergePlan("keep")
+        if decision.action is MergeAction.INDEPENDENT:
+            return MergePlan("independent")
+        if decision.action is MergeAction.REPLACE:
+            return MergePlan("replace", job.payload, True, None, job.priority)
+        merged = decision.task
+        if type(merged) is not task_type:
+            raise TypeError(f"Merge.with_() needs a {task_type.__qualname__}, got {merged!r}")
+        carry = None
+        if decision.carry is not None:
+            carry = codec.encode(decision.carry, what=f"merged carry of {job.kind}")
+        return MergePlan(
+            "with",
+            codec.encode(merged, what=f"merged payload of {job.kind}"),
+            True,
+            carry,
+            int(Priority(merged.priority())),
+        )
 
     async def enqueue_at(
         self, task: Task[Any], when: datetime, *, priority: Priority | None = None
@@ -47,20 +100,14 @@ class Queue:
         """Store a job that becomes eligible at `when` (a timezone-aware datetime)."""
         if not isinstance(when, datetime) or when.tzinfo is None:
             raise ValueError(f"enqueue_at: `when` must be a timezone-aware datetime, got {when!r}")
-        job = self._new_job(task, priority=priority, run_at=when)
-        await self.store.insert(job)
-        self._log(job)
-        return ULID.from_bytes(job.id.bytes)
+        return await self._store(task, self._new_job(task, priority=priority, run_at=when))
 
     async def enqueue_in(
         self, task: Task[Any], delay: Seconds, *, priority: Priority | None = None
     ) -> ULID:
         """Store a job that becomes eligible `delay` from now (by the database clock)."""
         delay_s = to_seconds(delay, name="enqueue_in(delay)")
-        job = self._new_job(task, priority=priority, delay_s=delay_s)
-        await self.store.insert(job)
-        self._log(job)
-        return ULID.from_bytes(job.id.bytes)
+        return await self._store(task, self._new_job(task, priority=priority, delay_s=delay_s))
 
     async def enqueue_many(
         self, tasks: Iterable[Task[Any]], *, priority: Priority | None = None
@@ -68,16 +115,46 @@ class Queue:
         """Store many jobs in one round trip; returns their ids in order.
 
         Every payload is encoded before anything is sent, so one bad task fails the call
-        and nothing is stored.
+        and nothing is stored. Tasks with a dedup key go through the merge path one by one
+        (after the batch); the ids returned are then the ids holding their work.
         """
+        tasks = list(tasks)
         jobs = [self._new_job(task, priority=priority) for task in tasks]
-        await self.store.insert_many(jobs)
+        await self.store.insert_many([j for j in jobs if j.dedup_key is None])
+        ids = []
+        for task, job in zip(tasks, jobs, strict=True):
+            if job.dedup_key is None:
+                ids.append(ULID.from_bytes(job.id.bytes))
+            else:
+                ids.append(await self._store(task, job))
         logger.debug("enqueued %d jobs", len(jobs))
-        return [ULID.from_bytes(job.id.bytes) for job in jobs]
+        return ids
 
     async def job(self, job_id: ULID) -> Job | None:
         """The stored job, or None if there is no such job (or it was cleaned up)."""
         return await self.store.get_job(job_id)
+
+    async def jobs(self, filter: HistoryFilter | None = None) -> list[Job]:
+        """Jobs matching `filter` (all by default), newest first, at most `filter.limit`."""
+        f = filter or HistoryFilter()
+        if not 1 <= f.limit <= 10_000:
+            raise ValueError(f"HistoryFilter.limit: expected 1..10000, got {f.limit}")
+        return await self.store.list_jobs(f)
+
+    async def cleanup(self, criteria: CleanupCriteria) -> int:
+        """Delete finished jobs (and their journal) matching `criteria`; returns how many.
+
+        Works in bounded batches, each its own short transaction, so it never holds long
+        locks on a busy queue.
+        """
+        if criteria.status not in (None, JobStatus.COMPLETED, JobStatus.DEAD):
+            raise ValueError(
+                f"CleanupCriteria.status: only completed or dead jobs can be deleted, "
+                f"got {criteria.status}"
+            )
+        if criteria.finished_before.tzinfo is None:
+            raise ValueError("CleanupCriteria.finished_before must be timezone-aware")
+        return await self.store.cleanup(criteria)
 
     async def job_journal(self, job_id: ULID) -> list[JournalEntry]:
         """Every journal entry of one job, oldest first."""
@@ -100,6 +177,9 @@ class Queue:
         tier = Priority(priority if priority is not None else task.priority())
         lease = task.lease()
         backoff = task.backoff()
+        dedup = task.dedup_key()
+        if dedup is not None and not isinstance(dedup, DedupKey):
+            raise TypeError(f"{kind}.dedup_key() must return a DedupKey or None, got {dedup!r}")
         return NewJob(
             id=ULID().to_uuid(),
             kind=kind,
@@ -111,6 +191,7 @@ class Queue:
             lease_s=to_seconds(lease, name=f"{kind}.lease()") if lease is not None else None,
             backoff_base_s=backoff.base if backoff is not None else None,
             backoff_cap_s=backoff.cap if backoff is not None else None,
+            dedup_key=dedup.value if dedup is not None else None,
         )
 
     @staticmethod

@@ -26,6 +26,7 @@ from typing import Any, ClassVar, Generic
 from typing_extensions import TypeVar
 
 from venturi.backoff import Backoff, Seconds
+from venturi.merge import DedupKey, Merge, Pending
 
 C = TypeVar("C", default=None)
 """The carry type; tasks that declare none carry nothing (`Task` is `Task[None]`)."""
@@ -69,6 +70,15 @@ class Task(Generic[C]):
     def priority(self) -> Priority:
         """The claim tier; `Queue.enqueue(priority=...)` overrides it per job."""
         return Priority.NORMAL
+
+    def dedup_key(self) -> DedupKey | None:
+        """A candidacy key: an enqueue colliding with a pending job of the same KIND and key
+        calls `merge`. None (the default) never coalesces."""
+        return None
+
+    def merge(self, existing: Pending[Any]) -> Merge:
+        """Decide what a colliding enqueue does (default: replace the pending payload)."""
+        return Merge.replace()
 
 
 def kind_of(task_type: type[Task[Any]]) -> str:

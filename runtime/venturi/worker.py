@@ -28,6 +28,7 @@ from venturi._executor import Handler, Policy, Registration, execute
 from venturi._notifier import Notifier
 from venturi._records import ClaimedJob, Settlement
 from venturi._rescuer import Rescuer
+from venturi._slots import plan_slots
 from venturi.backoff import DEFAULT_BACKOFF, Backoff, Seconds, to_seconds
 from venturi.errors import DuplicateKindError
 from venturi.identity import WorkerIdentity
@@ -150,6 +151,7 @@ class Worker(Generic[AppT]):
         self._stopping = False
         self._started = False
         self._counters = _Counters()
+        self._slot_counter = 0
         self._completer: Completer | None = None
         self.notifier: Notifier | None = None
         self.ready = asyncio.Event()
@@ -319,27 +321,33 @@ class Worker(Generic[AppT]):
             return None
 
     async def _claim(self, kinds: list[str], limit: int, identity: str) -> list[ClaimedJob]:
-        plan: list[tuple[list[str], int]] = []
+        """Claim up to `limit` jobs: capped kinds get their own bounded claims, and the
+        slots are split by tier for anti-starvation (reserved slots first, then the rest)."""
+        groups: list[tuple[list[str], int]] = []
         uncapped = [k for k in kinds if self._registry[k].cap is None]
         if uncapped:
-            plan.append((uncapped, limit))
+            groups.append((uncapped, limit))
         for k in kinds:
             cap = self._registry[k].cap
             if cap is not None:
-                plan.append(([k], min(limit, cap - self._running_by_kind[k])))
+                groups.append(([k], min(limit, cap - self._running_by_kind[k])))
         claimed_all: list[ClaimedJob] = []
-        for plan_kinds, plan_limit in plan:
-            room = min(plan_limit, self.concurrency - len(self._running))
+        for group_kinds, group_limit in groups:
+            room = min(group_limit, self.concurrency - len(self._running))
             if room <= 0:
                 break
+            low, normal = plan_slots(self._slot_counter, room, self.priority_ratio)
             claimed = await self.store.claim(
                 queue=self.queue,
-                kinds=plan_kinds,
+                kinds=group_kinds,
                 limit=room,
                 worker=identity,
                 pod=self.identity.pod,
                 default_lease_s=self.lease,
+                reserved_low=low,
+                reserved_normal=normal,
             )
+            self._slot_counter += len(claimed)
             for job in claimed:
                 self._start(job)
             claimed_all.extend(claimed)

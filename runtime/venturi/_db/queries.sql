@@ -30,16 +30,35 @@ WITH inserted AS (
 SELECT pg_notify($12, kind) FROM (SELECT DISTINCT kind FROM inserted) AS kinds;
 
 -- job_claim --
--- Claim up to $5 eligible jobs in claim order (priority tier, then age), skipping rows
--- other workers hold. Matches {prefix}_jobs_claim_idx, so it stays an index scan at any
--- backlog. Each claim gets a fresh token that guards every later write to the job.
-WITH picked AS (
+-- Claim eligible jobs in claim order (priority tier, then age), skipping rows other workers
+-- hold: up to $3 LOW-only slots, then $4 slots for NORMAL or LOW, then $5 for any tier
+-- (weighted-slot anti-starvation; a reserved slot left empty passes to the next group).
+-- One statement, each part a range scan of {prefix}_jobs_claim_idx at any backlog. Each
+-- claim gets a fresh token that guards every later write to the job.
+WITH p0 AS (
     SELECT id FROM {prefix}_jobs
     WHERE status = 'pending' AND queue = $1 AND kind = ANY($2::text[])
-      AND priority BETWEEN $3 AND $4 AND run_at <= now()
+      AND priority <= 0 AND run_at <= now()
     ORDER BY priority DESC, run_at, id
-    LIMIT $5
+    LIMIT $3
     FOR UPDATE SKIP LOCKED
+), p1 AS (
+    SELECT id FROM {prefix}_jobs
+    WHERE status = 'pending' AND queue = $1 AND kind = ANY($2::text[])
+      AND priority <= 1 AND run_at <= now() AND id NOT IN (SELECT id FROM p0)
+    ORDER BY priority DESC, run_at, id
+    LIMIT $3 + $4 - (SELECT count(*) FROM p0)
+    FOR UPDATE SKIP LOCKED
+), p2 AS (
+    SELECT id FROM {prefix}_jobs
+    WHERE status = 'pending' AND queue = $1 AND kind = ANY($2::text[])
+      AND run_at <= now()
+      AND id NOT IN (SELECT id FROM p0 UNION ALL SELECT id FROM p1)
+    ORDER BY priority DESC, run_at, id
+    LIMIT $3 + $4 + $5 - (SELECT count(*) FROM p0) - (SELECT count(*) FROM p1)
+    FOR UPDATE SKIP LOCKED
+), picked AS (
+    SELECT id FROM p0 UNION ALL SELECT id FROM p1 UNION ALL SELECT id FROM p2
 )
 UPDATE {prefix}_jobs AS j SET
     status = 'claimed',
@@ -204,3 +223,62 @@ SELECT pg_advisory_xact_lock($1);
 -- connection_probe --
 -- Liveness probe of a long-lived connection (the LISTEN one).
 SELECT 1;
+
+-- dedup_lock --
+-- Serialize enqueues of one (kind, dedup key) across producers until the transaction ends.
+SELECT pg_advisory_xact_lock($1);
+
+-- job_find_pending_duplicate --
+-- The oldest pending job of this kind and key, locked for the merge decision. A job being
+-- claimed right now stops matching once the claim commits (it is no longer pending).
+SELECT id, payload::text, carry::text, run_count
+FROM {prefix}_jobs
+WHERE status = 'pending' AND kind = $1 AND dedup_key = $2
+ORDER BY id
+LIMIT 1
+FOR UPDATE;
+
+-- job_merge --
+-- Apply a merge decision to the existing pending job and journal it (payload NULL: keep).
+WITH merged AS (
+    UPDATE {prefix}_jobs SET
+        payload = coalesce($2::text::jsonb, payload),
+        carry = CASE WHEN $3 THEN $4::text::jsonb ELSE carry END,
+        priority = coalesce($5, priority)
+    WHERE id = $1 AND status = 'pending'
+    RETURNING id, run_count
+)
+INSERT INTO {prefix}_journal (job_id, run, outcome, note)
+SELECT id, run_count, 'merged', $6 FROM merged;
+
+-- job_list --
+-- Jobs matching optional filters (NULL = any), newest first, keyset-paginated by id.
+SELECT id, kind, queue, status, priority, run_at, created_at, finished_at,
+       payload::text, carry::text,
+       run_count, failures, claimed_at, lease_until, claimed_by, claimed_pod, last_error
+FROM {prefix}_jobs
+WHERE ($1::text IS NULL OR status = $1)
+  AND ($2::text IS NULL OR kind = $2)
+  AND ($3::text IS NULL OR queue = $3)
+  AND ($4::uuid IS NULL OR id < $4)
+  AND ($5::timestamptz IS NULL OR created_at >= $5)
+  AND ($6::timestamptz IS NULL OR created_at < $6)
+ORDER BY id DESC
+LIMIT $7;
+
+-- job_cleanup_batch --
+-- Delete one bounded batch of finished jobs and their journal (short locks, short WAL bursts).
+WITH doomed AS (
+    SELECT id FROM {prefix}_jobs
+    WHERE status IN ('completed', 'dead') AND finished_at < $1
+      AND ($2::text IS NULL OR kind = $2)
+      AND ($3::text IS NULL OR status = $3)
+    ORDER BY finished_at
+    LIMIT $4
+    FOR UPDATE SKIP LOCKED
+), journal AS (
+    DELETE FROM {prefix}_journal WHERE job_id IN (SELECT id FROM doomed)
+), deleted AS (
+    DELETE FROM {prefix}_jobs WHERE id IN (SELECT id FROM doomed) RETURNING 1
+)
+SELECT count(*) FROM deleted;

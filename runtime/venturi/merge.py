@@ -1,0 +1,88 @@
+"""Deduplication: a candidacy key on the task, and a merge decision when an enqueue collides
+with a *pending* job of the same (KIND, key).
+
+    @dataclass
+    class FetchBookmark(Task):
+        KIND = "fetch_bookmark"
+        bookmark_id: int
+        def dedup_key(self) -> DedupKey | None:
+            return DedupKey(self.bookmark_id)          # at most one pending fetch per bookmark
+        def merge(self, existing: Pending[FetchBookmark]) -> Merge:
+            return Merge.keep()                         # the pending one will do
+
+`Keep`, `Replace` and `With` act on the existing row (its journal is preserved and a `merged`
+entry records the decision; `enqueue` returns the existing id). `Independent` stores a new,
+separate row: the candidacy index is not unique. Pure values; the store applies them.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+from ulid import ULID
+
+from venturi.jobs import JournalEntry
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class DedupKey:
+    """A candidacy key: any value, compared by its string form within one KIND."""
+
+    value: str
+
+    def __init__(self, value: object) -> None:
+        object.__setattr__(self, "value", str(value))
+
+
+class MergeAction(enum.StrEnum):
+    KEEP = "keep"
+    REPLACE = "replace"
+    WITH = "with"
+    INDEPENDENT = "independent"
+
+
+@dataclass(frozen=True, slots=True)
+class Merge:
+    """What an enqueue that collides with a pending job does."""
+
+    action: MergeAction
+    task: Any = None
+    carry: Any = None
+
+    @classmethod
+    def keep(cls) -> Merge:
+        """The incoming task is redundant: leave the existing job untouched."""
+        return cls(MergeAction.KEEP)
+
+    @classmethod
+    def replace(cls) -> Merge:
+        """The default: the existing job takes the incoming payload, its carry is reset."""
+        return cls(MergeAction.REPLACE)
+
+    @classmethod
+    def with_(cls, task: Any, carry: Any = None) -> Merge:
+        """The existing job takes a computed payload and carry (None resets the carry):
+        escalate priority, union payloads, advance a cursor."""
+        return cls(MergeAction.WITH, task, carry)
+
+    @classmethod
+    def independent(cls) -> Merge:
+        """Not really a duplicate: store the incoming task as a new, separate job."""
+        return cls(MergeAction.INDEPENDENT)
+
+
+@dataclass(frozen=True, slots=True)
+class Pending(Generic[T]):
+    """The pending job an enqueue collided with, as `Task.merge` sees it."""
+
+    id: ULID
+    task: T
+    """The existing job's payload, decoded into the task class."""
+    carry: Any
+    """The existing job's typed carry (None for carry-less tasks)."""
+    run_count: int
+    journal: tuple[JournalEntry, ...]

@@ -1,0 +1,118 @@
+"""Priority tiers with weighted-slot anti-starvation, and history and cleanup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from venturi import (
+    CleanupCriteria,
+    Context,
+    HistoryFilter,
+    JobStatus,
+    Outcome,
+    Priority,
+    Queue,
+    Task,
+    TaskError,
+    Worker,
+)
+from venturi._slots import plan_slots
+
+from .helpers import running, until
+
+
+@dataclass
+class Work(Task):
+    KIND = "work"
+    tier: int
+
+
+async def drain_order(queue: Queue, ratio: int | None, high: int, low: int) -> list[int]:
+    await queue.enqueue_many([Work(2) for _ in range(high)], priority=Priority.HIGH)
+    await queue.enqueue_many([Work(0) for _ in range(low)], priority=Priority.LOW)
+    order: list[int] = []
+
+    async def handle(task: Work, ctx: Context[None], app: None) -> Outcome:
+        order.append(task.tier)
+        return Outcome.completed()
+
+    worker = Worker(None, queue.store, concurrency=1, priority_ratio=ratio)
+    worker.register(Work, handle)
+    async with running(worker):
+
+        async def done() -> bool:
+            return len(order) == high + low
+
+        await until(done)
+    return order
+
+
+async def test_anti_starvation_gives_low_its_share_under_a_high_flood(queue: Queue) -> None:
+    order = await drain_order(queue, ratio=4, high=120, low=40)
+    first = order[:80]
+    # While HIGH floods, LOW keeps about 1 claim in 4 (the configured ratio).
+    assert first.count(0) == 20
+    assert order.count(0) == 40
+
+
+async def test_strict_priority_starves_low_until_high_is_done(queue: Queue) -> None:
+    order = await drain_order(queue, ratio=None, high=120, low=40)
+    assert order == [2] * 120 + [0] * 40
+
+
+def test_slot_plan() -> None:
+    assert plan_slots(0, 16, None) == (0, 0)
+    assert plan_slots(0, 4, 4) == (0, 1)
+    assert plan_slots(0, 16, 4) == (1, 3)  # slot 15 is LOW-only; 3, 7, 11 NORMAL-or-LOW
+    total = [sum(plan_slots(i, 1, 4)) for i in range(1600)]
+    assert sum(total) == 400  # one slot in four is reserved below HIGH
+
+
+@dataclass
+class Flaky(Task):
+    KIND = "flaky"
+    fail: bool
+
+
+async def test_history_listing_and_cleanup(queue: Queue) -> None:
+    async def handle(task: Flaky, ctx: Context[None], app: None) -> Outcome:
+        if task.fail:
+            raise TaskError.permanent("no")
+        return Outcome.completed()
+
+    ok = await queue.enqueue_many([Flaky(False) for _ in range(5)])
+    bad = await queue.enqueue_many([Flaky(True) for _ in range(3)])
+    later = await queue.enqueue_in(Flaky(False), timedelta(hours=1))
+    worker = Worker(None, queue.store)
+    worker.register(Flaky, handle)
+    async with running(worker):
+
+        async def settled() -> bool:
+            s = await queue.stats()
+            return s.pending == 0 and s.claimed == 0
+
+        await until(settled)
+
+    dead = await queue.jobs(HistoryFilter(status=JobStatus.DEAD))
+    assert {j.id for j in dead} == set(bad)
+    assert all(j.last_error == "no" for j in dead)
+    page1 = await queue.jobs(HistoryFilter(kind="flaky", limit=4))
+    page2 = await queue.jobs(HistoryFilter(kind="flaky", limit=10, before_id=page1[-1].id))
+    assert [j.id for j in page1 + page2] == sorted([*ok, *bad, later], reverse=True)
+
+    with pytest.raises(ValueError, match="only completed or dead"):
+        await queue.cleanup(
+            CleanupCriteria(finished_before=datetime.now(UTC), status=JobStatus.PENDING)
+        )
+    past = datetime.now(UTC) - timedelta(hours=1)
+    assert await queue.cleanup(CleanupCriteria(finished_before=past)) == 0
+    future = datetime.now(UTC) + timedelta(minutes=1)
+    removed = await queue.cleanup(CleanupCriteria(finished_before=future, status=JobStatus.DEAD))
+    assert removed == 3
+    assert await queue.job(bad[0]) is None and await queue.job_journal(bad[0]) == []
+    assert await queue.cleanup(CleanupCriteria(finished_before=future)) == 5
+    remaining = await queue.jobs()
+    assert [j.id for j in remaining] == [later]  # pending jobs are never deleted
