@@ -17,6 +17,7 @@ import logging
 import asyncpg
 
 from venturi._executor import Policy, job_backoff
+from venturi._hooks import Hooks
 from venturi._records import Recovery, StaleJob
 from venturi.backoff import retry_delay
 from venturi.postgres import PostgresStore
@@ -46,7 +47,10 @@ def decide_recoveries(stale: list[StaleJob], policy: Policy) -> list[Recovery]:
 
 
 class Rescuer:
-    def __init__(self, store: PostgresStore, policy: Policy, *, worker: str, poll_max: float):
+    def __init__(
+        self, store: PostgresStore, policy: Policy, *, worker: str, poll_max: float, hooks: Hooks
+    ):
+        self._hooks = hooks
         self._store = store
         self._policy = policy
         self._worker = worker
@@ -73,6 +77,7 @@ class Rescuer:
                 lambda stale: decide_recoveries(stale, self._policy), worker=self._worker
             )
             for job_id, kind, status in recovered:
+                self._hooks.recovered(kind)
                 logger.warning(
                     "job %s (%s) recovered after its lease expired: now %s",
                     job_id,

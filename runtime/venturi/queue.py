@@ -16,6 +16,7 @@ from typing import Any
 from ulid import ULID
 
 from venturi import codec
+from venturi._hooks import metrics_hooks
 from venturi._records import ExistingJob, MergePlan, NewJob
 from venturi.backoff import Seconds, to_seconds
 from venturi.jobs import CleanupCriteria, HistoryFilter, Job, JobStatus, JournalEntry, Stats
@@ -31,9 +32,12 @@ DEFAULT_QUEUE = "default"
 class Queue:
     """Enqueue jobs and read their state. Cheap to create; share one per store."""
 
-    def __init__(self, store: PostgresStore, *, queue: str = DEFAULT_QUEUE) -> None:
+    def __init__(
+        self, store: PostgresStore, *, queue: str = DEFAULT_QUEUE, metrics: bool = False
+    ) -> None:
         self.store = store
         self.queue = queue
+        self.hooks = metrics_hooks(metrics)
 
     async def enqueue(self, task: Task[Any], *, priority: Priority | None = None) -> ULID:
         """Store a job that is eligible now; returns its id.
@@ -47,11 +51,20 @@ class Queue:
         if job.dedup_key is None:
             await self.store.insert(job)
             self._log(job)
+            self.hooks.enqueued(job.kind)
             return ULID.from_bytes(job.id.bytes)
-        holder = await self.store.insert_deduplicated(
-            job, lambda existing: self._merge_plan(task, job, existing)
-        )
+        plans: list[MergePlan] = []
+
+        def decide(existing: ExistingJob) -> MergePlan:
+            plans.append(self._merge_plan(task, job, existing))
+            return plans[-1]
+
+        holder = await self.store.insert_deduplicated(job, decide)
         self._log(job)
+        if plans and plans[0].action != "independent":
+            self.hooks.merged(job.kind, plans[0].action)
+        else:
+            self.hooks.enqueued(job.kind)
         return ULID.from_bytes(holder.bytes)
 
     @staticmethod
@@ -120,7 +133,10 @@ class Queue:
         """
         tasks = list(tasks)
         jobs = [self._new_job(task, priority=priority) for task in tasks]
-        await self.store.insert_many([j for j in jobs if j.dedup_key is None])
+        plain = [j for j in jobs if j.dedup_key is None]
+        await self.store.insert_many(plain)
+        for j in plain:
+            self.hooks.enqueued(j.kind)
         ids = []
         for task, job in zip(tasks, jobs, strict=True):
             if job.dedup_key is None:

@@ -25,6 +25,7 @@ import asyncpg
 
 from venturi._completer import Completer
 from venturi._executor import Handler, Policy, Registration, execute
+from venturi._hooks import metrics_hooks
 from venturi._notifier import Notifier
 from venturi._records import ClaimedJob, Settlement
 from venturi._rescuer import Rescuer
@@ -91,6 +92,8 @@ class Worker(Generic[AppT]):
     - `priority_ratio`: anti-starvation ratio between tiers (4); `None` is strict priority.
     - `panic_policy`: how unexpected exceptions settle: `PanicPolicy.RETRY` or `DEAD`.
     - `queue`: the named queue this worker serves ("default").
+    - `metrics`: record Prometheus metrics (needs `venturi[metrics]`); `metrics_port`
+      also serves them on /metrics from this process.
     """
 
     def __init__(
@@ -109,6 +112,8 @@ class Worker(Generic[AppT]):
         panic_policy: PanicPolicy = PanicPolicy.RETRY,
         queue: str = DEFAULT_QUEUE,
         identity: WorkerIdentity | None = None,
+        metrics: bool = False,
+        metrics_port: int | None = None,
     ) -> None:
         if concurrency is None:
             concurrency = default_concurrency()
@@ -143,6 +148,8 @@ class Worker(Generic[AppT]):
             backstop=backstop,
             panic_policy=panic_policy,
         )
+        self.hooks = metrics_hooks(metrics or metrics_port is not None)
+        self.metrics_port = metrics_port
         self._registry: dict[str, Registration] = {}
         self._running: dict[uuid.UUID, _Running] = {}
         self._running_by_kind: Counter[str] = Counter()
@@ -215,7 +222,13 @@ class Worker(Generic[AppT]):
         identity = str(self.identity)
         self._completer = Completer(self.store, worker=identity, on_settled=self._on_settled)
         self.notifier = Notifier(self.store, self._on_notify)
-        rescuer = Rescuer(self.store, self.policy, worker=identity, poll_max=self.poll_max)
+        rescuer = Rescuer(
+            self.store, self.policy, worker=identity, poll_max=self.poll_max, hooks=self.hooks
+        )
+        if self.metrics_port is not None:
+            from venturi import metrics
+
+            metrics.serve(self.metrics_port)
         logger.info(
             "worker %s starting: kinds=%s concurrency=%d", identity, self.kinds, self.concurrency
         )
@@ -277,7 +290,9 @@ class Worker(Generic[AppT]):
             self._wake.set()
 
     def _on_settled(self, settlement: Settlement, kept: bool) -> None:
-        self._counters.settled[settlement.outcome if kept else "lost"] += 1
+        outcome = settlement.outcome if kept else "lost"
+        self._counters.settled[outcome] += 1
+        self.hooks.settled(settlement.kind, outcome, settlement.duration_s)
 
     async def _claim_loop(self) -> None:
         kinds_all = self.kinds
@@ -359,6 +374,8 @@ class Worker(Generic[AppT]):
         self._running[job.id] = running
         self._running_by_kind[job.kind] += 1
         self._counters.claimed += 1
+        self.hooks.claimed(job.kind, job.waited_s)
+        self.hooks.running(job.kind, 1)
         logger.debug(
             "claimed job %s (%s) run %d",
             job.id,
@@ -377,6 +394,7 @@ class Worker(Generic[AppT]):
         finally:
             del self._running[job.id]
             self._running_by_kind[job.kind] -= 1
+            self.hooks.running(job.kind, -1)
             self._slot_freed.set()
 
     async def _renew_loop(self) -> None:
