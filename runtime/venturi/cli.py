@@ -1,24 +1,58 @@
 """The `venturi` command line: operate a queue from a shell.
 
-    venturi demo [--dsn DSN]          enqueue a mix of jobs and run a worker until done
-    venturi migrate                   apply the schema
+    venturi migrate                          apply the schema (idempotent)
+    venturi worker MODULE:FACTORY            run a worker built by FACTORY(store)
+    venturi stats                            live counts by kind
+    venturi jobs [--status S] [--kind K]     list jobs, newest first
+    venturi journal JOB_ID                   one job's journal
+    venturi cleanup --older-than 7d          delete finished jobs (and their journal)
+    venturi demo                             the demo (an embedded database without --dsn)
 
-Every command takes the DSN from --dsn or VENTURI_DSN, and the prefix from --prefix or
-VENTURI_PREFIX. Database errors print one clear line and exit with status 2.
+Every command takes the DSN from --dsn or VENTURI_DSN and the prefix from --prefix or
+VENTURI_PREFIX; `--json` prints machine-readable output. A missing or unreachable database
+is one clear line on stderr and exit status 2, not a traceback.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib
+import inspect
+import json
 import os
+import re
+import signal
 import sys
 from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
+from ulid import ULID
 
 from venturi.embedded import EmbeddedPostgresError
+from venturi.jobs import CleanupCriteria, HistoryFilter, Job, JobStatus, JournalEntry, Stats
 from venturi.postgres import DEFAULT_PREFIX, PostgresStore
+from venturi.queue import Queue
+from venturi.worker import Worker
+
+_DURATION = re.compile(r"(?P<n>\d+(?:\.\d+)?)(?P<unit>s|m|h|d|w)")
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+
+class UsageError(Exception):
+    """A bad command line: printed as one line, exit status 2."""
+
+
+def parse_duration(text: str) -> timedelta:
+    """'90s', '15m', '12h', '7d', '2w' -> timedelta."""
+    match = _DURATION.fullmatch(text.strip())
+    if not match:
+        raise argparse.ArgumentTypeError(
+            f"expected a duration like 90s, 15m, 12h, 7d, got {text!r}"
+        )
+    return timedelta(seconds=float(match["n"]) * _UNITS[match["unit"]])
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,12 +66,43 @@ def _parser() -> argparse.ArgumentParser:
         default=os.environ.get("VENTURI_PREFIX", DEFAULT_PREFIX),
         help="table prefix (env VENTURI_PREFIX, default %(default)s)",
     )
+    common.add_argument("--json", action="store_true", help="machine-readable output")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    sub.add_parser("migrate", parents=[common], help="apply pending migrations")
+
+    worker = sub.add_parser("worker", parents=[common], help="run a worker until SIGTERM/SIGINT")
+    worker.add_argument("factory", help="MODULE:FUNCTION returning a Worker; called with the store")
+
+    sub.add_parser("stats", parents=[common], help="live counts by kind")
+
+    jobs = sub.add_parser("jobs", parents=[common], help="list jobs, newest first")
+    jobs.add_argument("--status", choices=[s.value for s in JobStatus])
+    jobs.add_argument("--kind")
+    jobs.add_argument("--limit", type=int, default=50)
+    jobs.add_argument("--before", help="job id: list jobs older than this one (paging)")
+
+    journal = sub.add_parser("journal", parents=[common], help="one job's journal")
+    journal.add_argument("job_id")
+
+    cleanup = sub.add_parser("cleanup", parents=[common], help="delete finished jobs")
+    cleanup.add_argument(
+        "--older-than", type=parse_duration, required=True, help="finished at least this long ago"
+    )
+    cleanup.add_argument("--kind")
+    cleanup.add_argument("--status", choices=["completed", "dead"])
+
     demo = sub.add_parser("demo", parents=[common], help="run the demo (embedded DB without --dsn)")
     demo.add_argument("--jobs", type=int, default=3000)
     demo.add_argument("--concurrency", type=int, default=8)
-    sub.add_parser("migrate", parents=[common], help="apply pending migrations")
     return parser
+
+
+def _ulid(text: str) -> ULID:
+    try:
+        return ULID.from_str(text)
+    except ValueError:
+        raise UsageError(f"not a job id (a 26-character ULID): {text!r}") from None
 
 
 async def _run(args: argparse.Namespace) -> int:
@@ -48,19 +113,225 @@ async def _run(args: argparse.Namespace) -> int:
         await run_demo(args.dsn, jobs=args.jobs, concurrency=args.concurrency, prefix=prefix)
         return 0
     if args.dsn is None and not os.environ.get("PGHOST"):
-        print("venturi: no database given: pass --dsn or set VENTURI_DSN", file=sys.stderr)
-        return 2
+        raise UsageError("no database given: pass --dsn or set VENTURI_DSN")
     async with await PostgresStore.connect(args.dsn, prefix=args.prefix) as store:
+        queue = Queue(store)
         if args.command == "migrate":
             applied = await store.migrate()
-            print(f"applied migrations {applied}" if applied else "schema is up to date")
+            _out(
+                args,
+                {"applied": applied},
+                f"applied migrations {applied}" if applied else "schema is up to date",
+            )
+        elif args.command == "worker":
+            await _worker(args, store)
+        elif args.command == "stats":
+            stats = await queue.stats()
+            _out(args, _stats_json(stats), _stats_text(stats))
+        elif args.command == "jobs":
+            found = await queue.jobs(
+                HistoryFilter(
+                    status=JobStatus(args.status) if args.status else None,
+                    kind=args.kind,
+                    limit=args.limit,
+                    before_id=_ulid(args.before) if args.before else None,
+                )
+            )
+            _out(args, [_job_json(j) for j in found], _jobs_text(found))
+        elif args.command == "journal":
+            job_id = _ulid(args.job_id)
+            job = await queue.job(job_id)
+            if job is None:
+                raise UsageError(f"no job {job_id}")
+            entries = await queue.job_journal(job_id)
+            _out(
+                args,
+                {"job": _job_json(job), "journal": [_entry_json(e) for e in entries]},
+                _journal_text(job, entries),
+            )
+        elif args.command == "cleanup":
+            await _cleanup(args, store)
     return 0
+
+
+async def _worker(args: argparse.Namespace, store: PostgresStore) -> None:
+    module_name, _, attr = args.factory.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"worker: expected MODULE:FUNCTION, got {args.factory!r}")
+    sys.path.insert(0, os.getcwd())
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"worker: cannot load {args.factory!r}: {exc}") from None
+    built = factory(store) if inspect.signature(factory).parameters else factory()
+    if inspect.isawaitable(built):
+        built = await built
+    if not isinstance(built, Worker):
+        raise UsageError(f"worker: {args.factory} returned {built!r}, not a venturi.Worker")
+    shutdown = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, shutdown.set)
+    print(f"venturi: worker {built.identity} serving {built.kinds}", file=sys.stderr)
+    await built.run(shutdown)
+
+
+async def _cleanup(args: argparse.Namespace, store: PostgresStore) -> None:
+    criteria = CleanupCriteria(
+        finished_before=datetime.now(UTC) - args.older_than,
+        kind=args.kind,
+        status=JobStatus(args.status) if args.status else None,
+    )
+    show = not args.json and sys.stderr.isatty()
+
+    def progress(total: int) -> None:
+        if show:
+            print(f"\r  deleted {total:,} jobs ...", end="", file=sys.stderr, flush=True)
+
+    removed = await store.cleanup(criteria, on_batch=progress)
+    if show:
+        print(file=sys.stderr)
+    _out(args, {"deleted": removed}, f"deleted {removed:,} finished jobs")
+
+
+def _out(args: argparse.Namespace, data: Any, text: str) -> None:
+    print(json.dumps(data, indent=2, default=str) if args.json else text)
+
+
+def _stats_json(s: Stats) -> dict[str, Any]:
+    return {
+        "pending_by_kind": dict(s.pending_by_kind),
+        "scheduled_by_kind": dict(s.scheduled_by_kind),
+        "claimed_by_kind": dict(s.claimed_by_kind),
+        "dead_by_kind": dict(s.dead_by_kind),
+        "oldest_pending_age_by_kind": dict(s.oldest_pending_age_by_kind),
+        "oldest_pending_age": s.oldest_pending_age,
+    }
+
+
+def _stats_text(s: Stats) -> str:
+    kinds = sorted(
+        set(s.pending_by_kind)
+        | set(s.scheduled_by_kind)
+        | set(s.claimed_by_kind)
+        | set(s.dead_by_kind)
+    )
+    if not kinds:
+        return "the queue is empty"
+    rows = [("KIND", "PENDING", "SCHEDULED", "CLAIMED", "DEAD", "OLDEST")]
+    for k in kinds:
+        age = s.oldest_pending_age_by_kind.get(k)
+        rows.append(
+            (
+                k,
+                str(s.pending_by_kind.get(k, 0)),
+                str(s.scheduled_by_kind.get(k, 0)),
+                str(s.claimed_by_kind.get(k, 0)),
+                str(s.dead_by_kind.get(k, 0)),
+                _age(age),
+            )
+        )
+    return _table(rows)
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    if seconds < 120:
+        return f"{seconds:.1f}s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+def _job_json(j: Job) -> dict[str, Any]:
+    return {
+        "id": str(j.id),
+        "kind": j.kind,
+        "queue": j.queue,
+        "status": j.status.value,
+        "priority": j.priority,
+        "run_at": j.run_at.isoformat(),
+        "created_at": j.created_at.isoformat(),
+        "finished_at": j.finished_at.isoformat() if j.finished_at else None,
+        "run_count": j.run_count,
+        "failures": j.failures,
+        "claimed_by": j.claimed_by,
+        "claimed_pod": j.claimed_pod,
+        "last_error": j.last_error,
+        "payload": j.payload,
+        "carry": j.carry,
+    }
+
+
+def _jobs_text(jobs: list[Job]) -> str:
+    if not jobs:
+        return "no jobs"
+    rows = [("ID", "KIND", "STATUS", "RUNS", "FAILS", "CREATED", "LAST ERROR")]
+    for j in jobs:
+        rows.append(
+            (
+                str(j.id),
+                j.kind,
+                j.status.value,
+                str(j.run_count),
+                str(j.failures),
+                j.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                (j.last_error or "")[:60],
+            )
+        )
+    return _table(rows)
+
+
+def _entry_json(e: JournalEntry) -> dict[str, Any]:
+    return {
+        "run": e.run,
+        "outcome": e.outcome.value,
+        "at": e.at.isoformat(),
+        "note": e.note,
+        "attachment": e.attachment,
+        "duration": e.duration,
+        "worker": e.worker,
+        "is_failure": e.is_failure,
+    }
+
+
+def _journal_text(job: Job, entries: list[JournalEntry]) -> str:
+    head = (
+        f"job {job.id} ({job.kind}): {job.status.value}, "
+        f"{job.run_count} runs, {job.failures} failures"
+    )
+    if not entries:
+        return head + "\n  (no journal entries yet)"
+    rows = [("RUN", "OUTCOME", "AT", "DURATION", "WORKER", "NOTE")]
+    for e in entries:
+        rows.append(
+            (
+                str(e.run),
+                e.outcome.value,
+                e.at.strftime("%Y-%m-%d %H:%M:%S.%f")[:-3],
+                f"{e.duration * 1000:.1f}ms" if e.duration is not None else "-",
+                e.worker or "-",
+                (e.note or "")[:60],
+            )
+        )
+    return head + "\n" + _table(rows)
+
+
+def _table(rows: Sequence[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in rows
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return asyncio.run(_run(args))
+    except UsageError as exc:
+        print(f"venturi: {exc}", file=sys.stderr)
+        return 2
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, EmbeddedPostgresError) as exc:
         print(f"venturi: database error: {exc}", file=sys.stderr)
         return 2

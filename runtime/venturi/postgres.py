@@ -411,8 +411,15 @@ class PostgresStore:
         )
         return [_job(r) for r in rows]
 
-    async def cleanup(self, c: CleanupCriteria, *, batch_size: int = 1000) -> int:
-        """Delete finished jobs in bounded batches (each its own short transaction)."""
+    async def cleanup(
+        self,
+        c: CleanupCriteria,
+        *,
+        batch_size: int = 1000,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> int:
+        """Delete finished jobs in bounded batches (each its own short transaction);
+        `on_batch(total_so_far)` reports progress."""
         total = 0
         while True:
             n: int = await self._pool_or_raise().fetchval(
@@ -423,6 +430,8 @@ class PostgresStore:
                 batch_size,
             )
             total += n
+            if on_batch is not None:
+                on_batch(total)
             if n < batch_size:
                 return total
 
