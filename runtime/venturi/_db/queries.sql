@@ -68,8 +68,9 @@ UPDATE {prefix}_jobs AS j SET
     claimed_by = $6,
     claimed_pod = $7,
     lease_until = now() + make_interval(secs => coalesce(j.lease_s, $8))
-FROM picked
-WHERE j.id = picked.id
+-- = ANY(ARRAY(...)) rather than a join: the planner cannot estimate the CTEs' row counts
+-- (their LIMITs are expressions) and would hash-join against a scan of the whole table.
+WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
 RETURNING j.id, j.kind, j.payload::text, j.carry::text, j.run_count, j.failures, j.claim_token,
           coalesce(j.lease_s, $8) AS lease_s, j.backoff_base_s, j.backoff_cap_s,
           extract(epoch FROM now() - j.run_at)::float8 AS waited_s,
@@ -98,7 +99,10 @@ WITH s AS (
         claim_token = NULL,
         lease_until = NULL
     FROM s
-    WHERE j.id = s.id AND j.claim_token = s.token AND j.status = 'claimed'
+    -- The redundant = ANY($1) lets the planner probe the primary key, whatever it
+    -- guesses about unnest()'s row count.
+    WHERE j.id = s.id AND j.id = ANY ($1::uuid[])
+      AND j.claim_token = s.token AND j.status = 'claimed'
     RETURNING j.id, j.kind, j.run_count, j.status
 ), journal AS (
     INSERT INTO {prefix}_journal (job_id, run, outcome, note, attachment, duration_s, worker)
@@ -116,7 +120,8 @@ SELECT settled.id, (SELECT count(*) FROM woken) AS woken FROM settled;
 UPDATE {prefix}_jobs AS j
 SET lease_until = now() + make_interval(secs => r.lease_s)
 FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) AS r(id, token, lease_s)
-WHERE j.id = r.id AND j.claim_token = r.token AND j.status = 'claimed'
+WHERE j.id = r.id AND j.id = ANY ($1::uuid[])
+  AND j.claim_token = r.token AND j.status = 'claimed'
 RETURNING j.id;
 
 -- job_select_stale --
@@ -143,7 +148,7 @@ WITH r AS (
         claim_token = NULL,
         lease_until = NULL
     FROM r
-    WHERE j.id = r.id AND j.status = 'claimed'
+    WHERE j.id = r.id AND j.id = ANY ($1::uuid[]) AND j.status = 'claimed'
     RETURNING j.id, j.kind, j.run_count, j.status
 ), journal AS (
     INSERT INTO {prefix}_journal (job_id, run, outcome, note, worker)
