@@ -1,0 +1,5 @@
+"""``python -m bench``: the single command that runs the whole suite."""
+
+from bench.run import main
+
+raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""One adapter per measured system, each run inside that system's own virtual environment."""

@@ -1,0 +1,414 @@
+"""RESULTS.md from the raw results: medians, spreads, ratios, targets, versions, machine.
+
+Every figure is the median over the repetitions of one run, shown with its range (min-max).
+Ratios are taken between medians of the same run, which is what stays meaningful on a shared,
+noisy machine: absolute numbers move between runs, ratios within one run hold.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from bench.harness import Summary, summarize
+
+VENTURI = "venturi"
+PEERS = ("pgqueuer", "procrastinate")
+
+
+@dataclass(frozen=True)
+class Metric:
+    key: str
+    label: str
+    higher_is_better: bool
+    digits: int = 0
+
+    @property
+    def arrow(self) -> str:
+        return "↑" if self.higher_is_better else "↓"
+
+
+RATE = Metric("rate", "jobs/s", True)
+WAITS = [
+    Metric("wait_p50_ms", "wait p50 ms", False, 1),
+    Metric("wait_p90_ms", "wait p90 ms", False, 1),
+    Metric("wait_p99_ms", "wait p99 ms", False, 1),
+]
+RESOURCES = [
+    Metric("rss_peak_mb", "peak RSS MB", False, 1),
+    Metric("cpu_s_per_10k", "CPU s / 10k jobs", False, 2),
+]
+
+
+@dataclass(frozen=True)
+class Section:
+    scenario: str
+    title: str
+    what: str
+    metrics: list[Metric]
+
+
+SECTIONS = [
+    Section(
+        "drain_c1",
+        "1. Drain, concurrency 1",
+        "N jobs enqueued beforehand (bulk), then one worker process at concurrency 1. jobs/s "
+        "from the first handler start to the moment the database shows no outstanding job; "
+        "wait = handler start - the producer's clock in the payload.",
+        [RATE, *WAITS, *RESOURCES],
+    ),
+    Section(
+        "drain_c16",
+        "1. Drain, concurrency 16 (and 6. worker resources)",
+        "As above at concurrency 16. Peak RSS is the worker process's VmHWM; CPU is its "
+        "user+system time from 'ready' to the end of the drain, per 10,000 jobs.",
+        [RATE, *WAITS, *RESOURCES],
+    ),
+    Section(
+        "enqueue_sequential",
+        "2. Enqueue, one by one",
+        "N jobs from one producer, each enqueue awaited before the next.",
+        [RATE],
+    ),
+    Section(
+        "enqueue_bulk100",
+        "2. Enqueue, batches of 100",
+        "N jobs through the system's batch API, 100 per call.",
+        [RATE],
+    ),
+    Section(
+        "enqueue_bulk1000",
+        "2. Enqueue, batches of 1,000",
+        "N jobs through the system's batch API, 1,000 per call.",
+        [RATE],
+    ),
+    Section(
+        "pickup",
+        "3. Pickup latency (idle worker, steady 50 jobs/s)",
+        "An idle worker (concurrency 16); one producer enqueues one job every 20 ms on an "
+        "absolute schedule for the whole window; wait = handler start - enqueue call start.",
+        WAITS,
+    ),
+    Section(
+        "backlog",
+        "4. Backlog independence and 5. stats cost",
+        "A backlog over 20 kinds (API-written template, cloned by one INSERT…SELECT), analysed "
+        "and checkpointed; the stats call timed (median of repeated calls); then a worker at "
+        "concurrency 16 starts M = N/2 jobs: jobs/s between the first and the M-th start.",
+        [
+            Metric("rate_small", "jobs/s, small backlog", True),
+            Metric("rate_big", "jobs/s, big backlog", True),
+            Metric("rate_ratio", "big / small", True, 2),
+            Metric("stats_ms_small", "stats ms, small", False, 1),
+            Metric("stats_ms_big", "stats ms, big", False, 1),
+        ],
+    ),
+]
+
+
+class Results:
+    """Index over the raw records: values per (scenario, system, metric)."""
+
+    def __init__(self, raw: dict[str, Any]) -> None:
+        self.raw = raw
+        self.records: list[dict[str, Any]] = raw["records"]
+
+    def values(self, scenario: str, system: str, key: str) -> list[float]:
+        return [
+            r["metrics"][key]
+            for r in self.records
+            if r["scenario"] == scenario
+            and r["system"] == system
+            and key in r.get("metrics", {})
+            and r["metrics"][key] is not None
+        ]
+
+    def summary(self, scenario: str, system: str, key: str) -> Summary | None:
+        return summarize(self.values(scenario, system, key))
+
+    def median(self, scenario: str, system: str, key: str) -> float | None:
+        s = self.summary(scenario, system, key)
+        return s.median if s else None
+
+    def problems(self, scenario: str, system: str) -> list[str]:
+        """Why figures are missing: errors and skipped metrics, deduplicated."""
+        seen: list[str] = []
+        for r in self.records:
+            if r["scenario"] != scenario or r["system"] != system:
+                continue
+            notes = [f"failed: {r['error']}"] if "error" in r else []
+            notes += [f"`{k}` skipped: {why}" for k, why in r.get("skipped", {}).items()]
+            notes += [f"warning: {r['info']['warning']}"] if "warning" in r.get("info", {}) else []
+            for note in notes:
+                if note not in seen:
+                    seen.append(note)
+        return seen
+
+    def systems(self) -> list[str]:
+        return [s for s in self.raw["meta"]["systems"] if s not in self.raw["unavailable"]]
+
+    def peers(self) -> list[str]:
+        return [s for s in self.systems() if s != VENTURI]
+
+    def best_peer(self, scenario: str, metric: Metric) -> tuple[str, float] | None:
+        figures = [
+            (p, m) for p in self.peers() if (m := self.median(scenario, p, metric.key)) is not None
+        ]
+        if not figures:
+            return None
+        pick = max if metric.higher_is_better else min
+        return pick(figures, key=lambda f: f[1])
+
+    def ceiling(self, jobs_per_tx: int, clients: int) -> Summary | None:
+        return summarize(
+            [
+                row["jobs_per_s"]
+                for row in self.raw["ceiling"]
+                if row["jobs_per_tx"] == jobs_per_tx and row["clients"] == clients
+            ]
+        )
+
+    def best_ceiling(self, jobs_per_tx: int) -> tuple[int, float] | None:
+        cells = [
+            (c, s.median)
+            for c in self.raw["meta"]["plan"]["ceiling_clients"]
+            if (s := self.ceiling(jobs_per_tx, c)) is not None
+        ]
+        return max(cells, key=lambda cell: cell[1]) if cells else None
+
+
+def fmt(value: float | None, digits: int = 0) -> str:
+    if value is None or math.isnan(value):
+        return "—"
+    return f"{value:,.{digits}f}"
+
+
+def fmt_summary(s: Summary | None, digits: int = 0) -> str:
+    if s is None:
+        return "—"
+    if s.n < 2:
+        return fmt(s.median, digits)
+    return f"{fmt(s.median, digits)} ({fmt(s.low, digits)}-{fmt(s.high, digits)})"
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    if a is None or b is None or b == 0 or math.isnan(a) or math.isnan(b):
+        return None
+    return a / b
+
+
+def _scenario_table(res: Results, section: Section) -> list[str]:
+    header = ["system", *[f"{m.label} {m.arrow}" for m in section.metrics]]
+    lines = [
+        f"### {section.title}",
+        "",
+        section.what,
+        "",
+        "| " + " | ".join(header) + " |",
+        "|" + "---|" * len(header),
+    ]
+    for system in res.systems():
+        cells = [
+            fmt_summary(res.summary(section.scenario, system, m.key), m.digits)
+            for m in section.metrics
+        ]
+        lines.append(f"| {system} | " + " | ".join(cells) + " |")
+    if VENTURI in res.systems() and res.peers():
+        cells = []
+        for m in section.metrics:
+            best = res.best_peer(section.scenario, m)
+            r = ratio(res.median(section.scenario, VENTURI, m.key), best[1] if best else None)
+            cells.append(f"{r:.2f}x ({best[0]})" if r is not None and best else "—")
+        lines.append("| **venturi / best peer** | " + " | ".join(cells) + " |")
+    if section.scenario.startswith("drain_"):
+        best = res.best_ceiling(100)
+        r = ratio(res.median(section.scenario, VENTURI, "rate"), best[1] if best else None)
+        if r is not None and best:
+            rest = " | " * (len(section.metrics) - 1)
+            lines.append(
+                f"| **venturi / ceiling** | {r:.0%} of 100-per-tx, {best[0]} clients{rest}|"
+            )
+    notes = [
+        f"- {system}: {note}"
+        for system in res.systems()
+        for note in res.problems(section.scenario, system)
+    ]
+    return [*lines, "", *notes, *([""] if notes else [])]
+
+
+def _ceiling_table(res: Results) -> list[str]:
+    plan = res.raw["meta"]["plan"]
+    clients = plan["ceiling_clients"]
+    lines = [
+        "### 7. The ceiling (pgbench)",
+        "",
+        "`bench/pgbench/queue_cycle.sql`: insert, claim with FOR UPDATE SKIP LOCKED and mark "
+        "done, each step its own commit, on a table with a claim index; jobs/s = tps x jobs "
+        f"per pass, {plan['ceiling_seconds']:.0f} s per cell, -M prepared.",
+        "",
+        "| jobs per pass | " + " | ".join(f"{c} client(s)" for c in clients) + " |",
+        "|" + "---|" * (len(clients) + 1),
+    ]
+    for batch in plan["ceiling_batches"]:
+        cells = [fmt_summary(res.ceiling(batch, c)) for c in clients]
+        lines.append(f"| {batch} | " + " | ".join(cells) + " |")
+    if not res.raw["ceiling"]:
+        lines.append("")
+        lines.append("- not run in this session")
+    return [*lines, ""]
+
+
+@dataclass(frozen=True)
+class Target:
+    text: str
+    figure: Callable[[Results], tuple[str, bool | None]]
+
+
+def _vs(res: Results, scenario: str, key: str, peer: str, need: float) -> tuple[str, bool | None]:
+    r = ratio(res.median(scenario, VENTURI, key), res.median(scenario, peer, key))
+    if r is None:
+        return "n/a", None
+    return f"{r:.2f}x {peer}", r >= need
+
+
+def _of_ceiling(res: Results, need: float) -> tuple[str, bool | None]:
+    best = res.best_ceiling(100)
+    r = ratio(res.median("drain_c16", VENTURI, "rate"), best[1] if best else None)
+    if r is None or best is None:
+        return "n/a", None
+    return f"{r:.0%} of {fmt(best[1])} jobs/s ({best[0]} clients)", r >= need
+
+
+def _below(res: Results, scenario: str, key: str, limit: float) -> tuple[str, bool | None]:
+    v = res.median(scenario, VENTURI, key)
+    if v is None:
+        return "n/a", None
+    return fmt(v, 1), v < limit
+
+
+def _p50_vs_best(res: Results) -> tuple[str, bool | None]:
+    best = res.best_peer("pickup", WAITS[0])
+    v = res.median("pickup", VENTURI, "wait_p50_ms")
+    if v is None or best is None:
+        return "n/a", None
+    return f"{fmt(v, 1)} ms vs {fmt(best[1], 1)} ms ({best[0]})", v <= best[1]
+
+
+def _rss_vs_pgqueuer(res: Results) -> tuple[str, bool | None]:
+    v = res.median("drain_c16", VENTURI, "rss_peak_mb")
+    p = res.median("drain_c16", "pgqueuer", "rss_peak_mb")
+    if v is None or p is None:
+        return "n/a", None
+    return f"{fmt(v, 1)} MB vs {fmt(p, 1)} MB", v <= p
+
+
+def _ratio_at_least(res: Results) -> tuple[str, bool | None]:
+    v = res.median("backlog", VENTURI, "rate_ratio")
+    if v is None:
+        return "n/a", None
+    return f"{v:.0%}", v >= 0.8
+
+
+TARGETS = [
+    Target("Drain c=16 ≥ 2x pgqueuer", lambda r: _vs(r, "drain_c16", "rate", "pgqueuer", 2.0)),
+    Target("Drain c=16 ≥ 40% of the batched ceiling", lambda r: _of_ceiling(r, 0.40)),
+    Target(
+        "Bulk enqueue (1,000) ≥ 1.5x pgqueuer",
+        lambda r: _vs(r, "enqueue_bulk1000", "rate", "pgqueuer", 1.5),
+    ),
+    Target(
+        "Sequential enqueue ≥ pgqueuer",
+        lambda r: _vs(r, "enqueue_sequential", "rate", "pgqueuer", 1.0),
+    ),
+    Target("Pickup p99 < 15 ms", lambda r: _below(r, "pickup", "wait_p99_ms", 15.0)),
+    Target("Pickup p50 ≤ best peer", _p50_vs_best),
+    Target("Drain at 1M pending ≥ 80% of at 20k", _ratio_at_least),
+    Target("Stats with 1M pending < 50 ms", lambda r: _below(r, "backlog", "stats_ms_big", 50.0)),
+    Target("Worker peak RSS (c=16 drain) ≤ pgqueuer's", _rss_vs_pgqueuer),
+    Target(
+        "Worker peak RSS (c=16 drain) < 100 MB",
+        lambda r: _below(r, "drain_c16", "rss_peak_mb", 100.0),
+    ),
+]
+
+
+def _targets(res: Results) -> list[str]:
+    lines = [
+        "## Targets (venturi, ratios from this run)",
+        "",
+        "| target | figure | |",
+        "|---|---|---|",
+    ]
+    for target in TARGETS:
+        figure, met = target.figure(res)
+        verdict = {True: "met", False: "**missed**", None: "not measured"}[met]
+        lines.append(f"| {target.text} | {figure} | {verdict} |")
+    return [*lines, ""]
+
+
+def _environment(raw: dict[str, Any]) -> list[str]:
+    meta = raw["meta"]
+    machine = meta["machine"]
+    pg = meta.get("postgres", {})
+    lines = [
+        "## Versions and machine",
+        "",
+        f"- machine: {machine['cores']} cores ({machine['cpu']}), {machine['memory_gib']} GiB, "
+        f"{machine['os']}",
+        f"- load average (1/5/15 min) before: {_load(meta.get('load_before'))}, "
+        f"after: {_load(meta.get('load_after'))}",
+        f"- PostgreSQL: {pg.get('version', '?')}",
+        "- PostgreSQL settings: "
+        + ", ".join(f"`{k}={v}`" for k, v in pg.get("settings", {}).items()),
+        f"- venturi commit: {meta.get('git', '?')}",
+        f"- Python: {meta.get('versions', {}).get('python', '?')}",
+    ]
+    for system, versions in meta.get("versions", {}).items():
+        if isinstance(versions, dict):
+            lines.append(f"- {system} venv: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+    lines += [f"- {system}: not measured ({why})" for system, why in raw["unavailable"].items()]
+    return [*lines, ""]
+
+
+def _load(values: list[float] | None) -> str:
+    return " / ".join(f"{v:.2f}" for v in values) if values else "?"
+
+
+def render(raw: dict[str, Any]) -> str:
+    res = Results(raw)
+    meta = raw["meta"]
+    plan = meta["plan"]
+    head = [
+        "# venturi benchmark results",
+        "",
+        f"Generated by `{meta['command']}` ({meta['mode']} mode), started {meta['started']}, "
+        f"took {meta.get('duration_s', 0) / 60:.0f} min. {plan['reps']} repetition(s); every "
+        f"figure is the median, with (min-max) over the repetitions. N = {plan['n']:,} jobs; "
+        f"backlog = {plan['backlog_big']:,} pending jobs over {plan['backlog_kinds']} kinds. "
+        "How each figure is measured: `bench/README.md`. Raw data: `results.json`.",
+        "",
+        "Ratios compare medians from this one run on this one machine (shared and noisy: "
+        "absolute numbers move between runs, ratios within a run hold). ↑ = higher is better, "
+        "↓ = lower is better; for a ↓ metric a ratio below 1 favours venturi.",
+        "",
+    ]
+    if meta["mode"] == "quick":
+        head += ["> Quick mode: tiny sizes, one repetition. These figures mean nothing.", ""]
+    body: list[str] = []
+    if VENTURI in res.systems():
+        body += _targets(res)
+    body.append("## Scenarios")
+    body.append("")
+    for section in SECTIONS:
+        if section.scenario in meta["scenarios"]:
+            body += _scenario_table(res, section)
+    if "ceiling" in meta["scenarios"]:
+        body += _ceiling_table(res)
+    return "\n".join([*head, *body, *_environment(raw)])
+
+
+def write(raw: dict[str, Any], path: Path) -> None:
+    path.write_text(render(raw))

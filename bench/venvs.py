@@ -1,0 +1,83 @@
+"""One virtual environment per measured system, cached outside the repository.
+
+Each system is installed the same way: from PyPI at its newest version for the peers, from
+this repository's working tree for venturi. The environments live under
+``~/.cache/venturi-bench/venvs`` (``VENTURI_BENCH_CACHE`` overrides) and are recreated when
+missing; every run upgrades them so peers are measured at their newest release.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# What goes into each environment besides the system's own adapter code (which is imported
+# from this repository's ``bench`` package through PYTHONPATH).
+PEER_REQUIREMENTS: dict[str, list[str]] = {
+    # asyncpg is pgqueuer's fastest driver and the one its performance guide uses.
+    "pgqueuer": ["pgqueuer", "asyncpg"],
+    # psycopg[binary]: the libpq C implementation instead of psycopg's pure-Python one.
+    "procrastinate": ["procrastinate", "psycopg[binary]"],
+}
+
+# What a build of the venturi distribution needs from the repository (see pyproject.toml).
+_VENTURI_SOURCES = ("pyproject.toml", "README.md", "runtime", "operator")
+
+
+def cache_root() -> Path:
+    override = os.environ.get("VENTURI_BENCH_CACHE")
+    base = Path(override) if override else Path.home() / ".cache" / "venturi-bench"
+    return base / "venvs"
+
+
+def python_of(venv: Path) -> Path:
+    return venv / "bin" / "python"
+
+
+def ensure(system: str, repo: Path, *, upgrade: bool, log: Path) -> Path:
+    """Create (if missing) and update the environment of ``system``; return its python."""
+    venv = cache_root() / system
+    fresh = not python_of(venv).exists()
+    if fresh:
+        shutil.rmtree(venv, ignore_errors=True)
+        venv.parent.mkdir(parents=True, exist_ok=True)
+        _run([sys.executable, "-m", "venv", str(venv)], log)
+    pip = [str(python_of(venv)), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    if system == "venturi":
+        # Always reinstalled: the point is to measure the code in this tree. Built from a
+        # copy so that the build's scratch files never land in the repository.
+        with tempfile.TemporaryDirectory(prefix="venturi-bench-src-") as tmp:
+            src = _copy_venturi_sources(repo, Path(tmp))
+            _run([*pip, "--upgrade", "--force-reinstall", str(src)], log)
+    elif fresh or upgrade:
+        _run([*pip, "--upgrade", *PEER_REQUIREMENTS[system]], log)
+    return python_of(venv)
+
+
+def _copy_venturi_sources(repo: Path, dest: Path) -> Path:
+    src = dest / "venturi-src"
+    src.mkdir()
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
+    for name in _VENTURI_SOURCES:
+        path = repo / name
+        if path.is_dir():
+            shutil.copytree(path, src / name, ignore=ignore)
+        elif path.exists():
+            shutil.copy2(path, src / name)
+    # pyproject.toml names a readme and two package roots; a checkout may lack one of them.
+    (src / "README.md").touch()
+    (src / "operator").mkdir(exist_ok=True)
+    return src
+
+
+def _run(args: list[str], log: Path) -> None:
+    with open(log, "a") as fh:
+        fh.write(f"$ {' '.join(args)}\n")
+        fh.flush()
+        result = subprocess.run(args, stdout=fh, stderr=subprocess.STDOUT)
+    if result.returncode != 0:
+        raise RuntimeError(f"{' '.join(args[:4])} ... failed; see {log}")
