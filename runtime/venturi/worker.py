@@ -67,6 +67,8 @@ class _Running:
     job: ClaimedJob
     reg: Registration
     cancelled: asyncio.Event
+    renewed_at: float
+    """Loop time of the claim or the last renewal."""
     task: asyncio.Task[None] | None = None
     lost: bool = False
 
@@ -155,6 +157,7 @@ class Worker(Generic[AppT]):
         self._running_by_kind: Counter[str] = Counter()
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
+        self._running_changed = asyncio.Event()
         self._stopping = False
         self._started = False
         self._counters = _Counters()
@@ -298,12 +301,11 @@ class Worker(Generic[AppT]):
         kinds_all = self.kinds
         identity = str(self.identity)
         while not self._stopping:
+            # Cleared before looking at capacity, so a slot freed during the awaits below
+            # is never missed.
+            self._slot_freed.clear()
             free = self.concurrency - len(self._running)
-            kinds = [
-                k
-                for k in kinds_all
-                if (cap := self._registry[k].cap) is None or self._running_by_kind[k] < cap
-            ]
+            kinds = [k for k in kinds_all if not self._at_cap(k)]
             timeout = self.poll_max
             if free > 0 and kinds:
                 self._wake.clear()
@@ -311,23 +313,28 @@ class Worker(Generic[AppT]):
                     claimed = await self._claim(kinds, free, identity)
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                     logger.warning("claim failed: %s; retrying", exc)
-                    claimed, timeout = [], min(1.0, self.poll_max)
-                    self._wake.clear()
+                    timeout = min(1.0, self.poll_max)
                 else:
                     if len(claimed) >= free:
                         continue  # maybe more: claim again once a slot frees
                     due = await self._next_due(kinds)
                     if due is not None:
                         timeout = min(timeout, max(due, 0.0))
-            self._slot_freed.clear()
+            # Wait for a notification, the next due job, or (when capacity is what holds
+            # work back: the worker is full or a kind is at its cap) a freed slot.
             waiters = [asyncio.ensure_future(self._wake.wait())]
-            if free <= 0 or len(kinds) < len(kinds_all):
+            full = len(self._running) >= self.concurrency
+            if full or any(self._at_cap(k) for k in kinds_all):
                 waiters.append(asyncio.ensure_future(self._slot_freed.wait()))
             try:
                 await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 for w in waiters:
                     w.cancel()
+
+    def _at_cap(self, kind: str) -> bool:
+        cap = self._registry[kind].cap
+        return cap is not None and self._running_by_kind[kind] >= cap
 
     async def _next_due(self, kinds: list[str]) -> float | None:
         try:
@@ -370,7 +377,7 @@ class Worker(Generic[AppT]):
 
     def _start(self, job: ClaimedJob) -> None:
         reg = self._registry[job.kind]
-        running = _Running(job, reg, asyncio.Event())
+        running = _Running(job, reg, asyncio.Event(), asyncio.get_running_loop().time())
         self._running[job.id] = running
         self._running_by_kind[job.kind] += 1
         self._counters.claimed += 1
@@ -384,6 +391,7 @@ class Worker(Generic[AppT]):
             extra={"job_id": str(job.id), "kind": job.kind},
         )
         running.task = asyncio.create_task(self._execute(running), name=f"venturi-job-{job.id}")
+        self._running_changed.set()
 
     async def _execute(self, running: _Running) -> None:
         job = running.job
@@ -398,15 +406,27 @@ class Worker(Generic[AppT]):
             self._slot_freed.set()
 
     async def _renew_loop(self) -> None:
-        """Keep the leases of running jobs alive; flag jobs whose claim was lost."""
+        """Keep the leases of running jobs alive; flag jobs whose claim was lost.
+
+        Each job is renewed a third of its lease after its last renewal (or its claim);
+        a newly started job wakes this loop, so a short lease is never overlooked.
+        """
+        loop = asyncio.get_running_loop()
         while True:
-            if not self._running:
-                await asyncio.sleep(min(1.0, self.lease * RENEW_FRACTION))
-                continue
-            await asyncio.sleep(min(r.job.lease_s for r in self._running.values()) * RENEW_FRACTION)
+            self._running_changed.clear()
             running = [r for r in self._running.values() if not r.lost]
-            if not running:
+            if running:
+                due = min(r.renewed_at + r.job.lease_s * RENEW_FRACTION for r in running)
+                wait = due - loop.time()
+            else:
+                wait = None
+            if wait is None or wait > 0:
+                try:
+                    await asyncio.wait_for(self._running_changed.wait(), wait)
+                except TimeoutError:
+                    pass
                 continue
+            now = loop.time()
             try:
                 owned = await self.store.renew_leases(
                     [r.job.id for r in running],
@@ -415,9 +435,12 @@ class Worker(Generic[AppT]):
                 )
             except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                 logger.warning("lease renewal failed: %s", exc)
+                await asyncio.sleep(min(1.0, min(r.job.lease_s for r in running) * 0.1))
                 continue
             for r in running:
-                if r.job.id not in owned and r.job.id in self._running:
+                if r.job.id in owned:
+                    r.renewed_at = now
+                elif r.job.id in self._running:
                     r.lost = True
                     r.cancelled.set()  # the handler should stop: its work no longer counts
                     logger.warning(

@@ -286,15 +286,6 @@ class LongLease(Task):
         return 3.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG (worker.py Worker._renew_loop): the renewal sleep is computed from the jobs "
-        "running when it starts (and is min(1.0, worker lease / 3) when idle); a job "
-        "claimed during that sleep with a shorter lease is not renewed in time, expires, "
-        "and is recovered by another worker while its handler is alive"
-    ),
-)
 async def test_renewal_covers_a_job_claimed_during_a_long_renewal_sleep(
     queue: Queue, pool: asyncpg.Pool, prefix: str
 ) -> None:
@@ -733,15 +724,6 @@ async def test_per_kind_cap_leaves_extra_jobs_pending_while_others_run(queue: Qu
     assert gate.started == {Capped.KIND: 3, Block.KIND: 2}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "BUG (worker.py Worker._claim_loop): when a claim fills a kind's cap in the same "
-        "iteration, the loop does not wait on _slot_freed (it decided from `kinds` computed "
-        "before the claim), so that kind's next job waits for poll_max instead of starting "
-        "when the slot frees"
-    ),
-)
 async def test_capped_kind_resumes_promptly_when_its_slot_frees(queue: Queue) -> None:
     gate = Gate()
     worker = Worker(None, queue.store, concurrency=2, poll_max=60)
