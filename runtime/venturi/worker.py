@@ -14,6 +14,7 @@ has free slots, so nothing sits claimed-and-idle.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import uuid
@@ -421,10 +422,8 @@ class Worker(Generic[AppT]):
             else:
                 wait = None
             if wait is None or wait > 0:
-                try:
+                with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._running_changed.wait(), wait)
-                except TimeoutError:
-                    pass
                 continue
             now = loop.time()
             try:
