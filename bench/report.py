@@ -217,26 +217,34 @@ def _scenario_table(res: Results, section: Section) -> list[str]:
         ]
         lines.append(f"| {system} | " + " | ".join(cells) + " |")
     if VENTURI in res.systems() and res.peers():
-        cells = []
-        for m in section.metrics:
-            best = res.best_peer(section.scenario, m)
-            r = ratio(res.median(section.scenario, VENTURI, m.key), best[1] if best else None)
-            cells.append(f"{r:.2f}x ({best[0]})" if r is not None and best else "—")
-        lines.append("| **venturi / best peer** | " + " | ".join(cells) + " |")
+        lines.append(_peer_ratio_row(res, section))
     if section.scenario.startswith("drain_"):
-        best = res.best_ceiling(100)
-        r = ratio(res.median(section.scenario, VENTURI, "rate"), best[1] if best else None)
-        if r is not None and best:
-            rest = " | " * (len(section.metrics) - 1)
-            lines.append(
-                f"| **venturi / ceiling** | {r:.0%} of 100-per-tx, {best[0]} clients{rest}|"
-            )
+        lines += _ceiling_row(res, section)
     notes = [
         f"- {system}: {note}"
         for system in res.systems()
         for note in res.problems(section.scenario, system)
     ]
     return [*lines, "", *notes, *([""] if notes else [])]
+
+
+def _peer_ratio_row(res: Results, section: Section) -> str:
+    cells = []
+    for m in section.metrics:
+        best = res.best_peer(section.scenario, m)
+        r = ratio(res.median(section.scenario, VENTURI, m.key), best[1] if best else None)
+        cells.append(f"{r:.2f}x ({best[0]})" if r is not None and best else "—")
+    return "| **venturi / best peer** | " + " | ".join(cells) + " |"
+
+
+def _ceiling_row(res: Results, section: Section) -> list[str]:
+    ceiling = res.best_ceiling(100)
+    r = ratio(res.median(section.scenario, VENTURI, "rate"), ceiling[1] if ceiling else None)
+    if r is None or ceiling is None:
+        return []
+    cells = [f"{r:.0%} of the 100-per-pass ceiling ({ceiling[0]} clients)"]
+    cells += [""] * (len(section.metrics) - 1)
+    return ["| **venturi / ceiling** | " + " | ".join(cells) + " |"]
 
 
 def _ceiling_table(res: Results) -> list[str]:

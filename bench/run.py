@@ -67,6 +67,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--no-upgrade", action="store_true", help="reuse cached peer venvs as they are"
     )
     parser.add_argument(
+        "--venturi-from",
+        choices=("head", "worktree"),
+        default="head",
+        help="build venturi from the committed HEAD (default) or the working tree",
+    )
+    parser.add_argument(
         "--keep-workdir", action="store_true", help="keep logs and timings after success"
     )
     parser.add_argument(
@@ -143,14 +149,16 @@ async def _run(
             "systems": systems,
             "scenarios": scenarios,
             "machine": machine(),
-            "git": git_revision(),
+            "git": git_revision(args.venturi_from),
             "load_before": os.getloadavg(),
         },
         "records": [],
         "ceiling": [],
         "unavailable": {},
     }
-    envs = await prepare_envs(systems, workdir, upgrade=not args.no_upgrade, results=results)
+    envs = await prepare_envs(
+        systems, workdir, upgrade=not args.no_upgrade, source=args.venturi_from, results=results
+    )
     server = PrivateServer(await asyncio.to_thread(find_bindir))
     await asyncio.to_thread(server.start)
     try:
@@ -216,7 +224,7 @@ async def run_one(
 
 
 async def prepare_envs(
-    systems: list[str], workdir: Path, *, upgrade: bool, results: dict[str, Any]
+    systems: list[str], workdir: Path, *, upgrade: bool, source: str, results: dict[str, Any]
 ) -> dict[str, SystemEnv]:
     # The adapters import ``bench`` from a directory that holds nothing else, so no other
     # top-level directory of the repository can shadow a module inside the venvs.
@@ -228,7 +236,12 @@ async def prepare_envs(
         print(f"bench: preparing the {system} environment", flush=True)
         try:
             python = await asyncio.to_thread(
-                venvs.ensure, system, REPO, upgrade=upgrade, log=workdir / "venvs.log"
+                venvs.ensure,
+                system,
+                REPO,
+                upgrade=upgrade,
+                log=workdir / "venvs.log",
+                source=source,
             )
         except Exception as exc:
             if system == "venturi":
@@ -270,7 +283,7 @@ def machine() -> dict[str, Any]:
     }
 
 
-def git_revision() -> str:
+def git_revision(source: str) -> str:
     try:
         head = subprocess.run(
             ["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"],
@@ -285,7 +298,9 @@ def git_revision() -> str:
         ).stdout.strip()
     except (subprocess.CalledProcessError, FileNotFoundError):
         return "unknown"
-    return head + ("+uncommitted runtime changes" if dirty else "")
+    if source == "head":
+        return head
+    return head + (" + uncommitted runtime changes" if dirty else "")
 
 
 def _save(results: dict[str, Any], out: Path) -> None:

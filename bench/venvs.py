@@ -1,7 +1,8 @@
 """One virtual environment per measured system, cached outside the repository.
 
 Each system is installed the same way: from PyPI at its newest version for the peers, from
-this repository's working tree for venturi. The environments live under
+this repository for venturi (its committed HEAD by default: other people edit the working tree
+while a run goes on; ``worktree`` source measures uncommitted code). The environments live under
 ``~/.cache/venturi-bench/venvs`` (``VENTURI_BENCH_CACHE`` overrides) and are recreated when
 missing; every run upgrades them so peers are measured at their newest release.
 """
@@ -38,7 +39,7 @@ def python_of(venv: Path) -> Path:
     return venv / "bin" / "python"
 
 
-def ensure(system: str, repo: Path, *, upgrade: bool, log: Path) -> Path:
+def ensure(system: str, repo: Path, *, upgrade: bool, log: Path, source: str = "head") -> Path:
     """Create (if missing) and update the environment of ``system``; return its python."""
     venv = cache_root() / system
     fresh = not python_of(venv).exists()
@@ -51,27 +52,46 @@ def ensure(system: str, repo: Path, *, upgrade: bool, log: Path) -> Path:
         # Always reinstalled: the point is to measure the code in this tree. Built from a
         # copy so that the build's scratch files never land in the repository.
         with tempfile.TemporaryDirectory(prefix="venturi-bench-src-") as tmp:
-            src = _copy_venturi_sources(repo, Path(tmp))
+            src = _venturi_sources(repo, Path(tmp), source)
             _run([*pip, "--upgrade", "--force-reinstall", str(src)], log)
     elif fresh or upgrade:
         _run([*pip, "--upgrade", *PEER_REQUIREMENTS[system]], log)
     return python_of(venv)
 
 
-def _copy_venturi_sources(repo: Path, dest: Path) -> Path:
+def _venturi_sources(repo: Path, dest: Path, source: str) -> Path:
+    """The files a build of venturi needs, from HEAD (``git archive``) or the working tree."""
     src = dest / "venturi-src"
     src.mkdir()
-    ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
-    for name in _VENTURI_SOURCES:
-        path = repo / name
-        if path.is_dir():
-            shutil.copytree(path, src / name, ignore=ignore)
-        elif path.exists():
-            shutil.copy2(path, src / name)
+    if source == "head":
+        present = [n for n in _VENTURI_SOURCES if _tracked(repo, n)]
+        archive = subprocess.run(
+            ["git", "-C", str(repo), "archive", "--format=tar", "HEAD", "--", *present],
+            capture_output=True,
+            check=True,
+        ).stdout
+        subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    else:
+        ignore = shutil.ignore_patterns("__pycache__", "*.pyc", "*.egg-info", "build")
+        for name in _VENTURI_SOURCES:
+            path = repo / name
+            if path.is_dir():
+                shutil.copytree(path, src / name, ignore=ignore)
+            elif path.exists():
+                shutil.copy2(path, src / name)
     # pyproject.toml names a readme and two package roots; a checkout may lack one of them.
     (src / "README.md").touch()
     (src / "operator").mkdir(exist_ok=True)
     return src
+
+
+def _tracked(repo: Path, name: str) -> bool:
+    probe = subprocess.run(
+        ["git", "-C", str(repo), "ls-tree", "--name-only", "HEAD", "--", name],
+        capture_output=True,
+        text=True,
+    )
+    return bool(probe.stdout.strip())
 
 
 def _run(args: list[str], log: Path) -> None:
