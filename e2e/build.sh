@@ -14,7 +14,8 @@
 #   VENTURI_E2E_GOCACHE      Go build cache used for the builds   (default $CACHE/go/build)
 #   VENTURI_E2E_BUILD_JOBS   go build -p (default 1)
 #   VENTURI_E2E_GOMAXPROCS   GOMAXPROCS for the go tool and compiler (default 2)
-#   VENTURI_E2E_KEEP_GOCACHE 1 (default) keeps the Go build cache; 0 deletes it after a successful build
+#   VENTURI_E2E_KEEP_GOCACHE 0 (default) deletes the Go build cache (~4 GB) after a build that compiled
+#                            something; 1 keeps it (faster rebuild when a version changes)
 #   GO                       go binary (default: go in PATH, else /usr/local/go/bin/go)
 set -euo pipefail
 
@@ -139,6 +140,7 @@ build_k8s() {
     "${NICE[@]}" "$GO" build -p "$JOBS" -trimpath -tags=selinux,notest,grpcnotrace -ldflags="$ld" \
       -o "$K8S_DIR.tmp/" "${pkgs[@]}"
   )
+  BUILT=1
   cp "$src/go.mod" "$src/go.sum" "$K8S_DIR.tmp/"   # keep the resolved wrapper module for reference
   rm -rf "$K8S_DIR"; mv "$K8S_DIR.tmp" "$K8S_DIR"; touch "$K8S_DIR/.complete"
   k8s_ok || die "built kube-apiserver does not report 'Kubernetes $K8S_VERSION': $("$K8S_DIR/kube-apiserver" --version 2>&1)"
@@ -152,12 +154,34 @@ goinstall() {
   if [[ -f $dir/.complete && -x $bin ]]; then log "$name $ver: cached in $dir"; return 0; fi
   log "$name $ver: go install $pkg@$ver"
   rm -rf "$dir.tmp"; mkdir -p "$dir.tmp"
-  # go install pkg@version runs outside any main module: -mod=mod is not allowed there.
-  GOFLAGS="-modcacherw -buildvcs=false" GOBIN="$dir.tmp" \
-    "${NICE[@]}" "$GO" install -p "$JOBS" -trimpath -ldflags="-s -w $ld" "$pkg@$ver"
+  GOBIN="$dir.tmp" "${NICE[@]}" "$GO" install -p "$JOBS" -trimpath -ldflags="-s -w $ld" "$pkg@$ver"
   rm -rf "$dir"; mv "$dir.tmp" "$dir"; touch "$dir/.complete"
+  BUILT=1
 }
 
+# kwok v0.8.0 has no built-in stages: `kwok` alone exits with "no stages found" (kwokctl writes
+# the defaults into its config). Assemble the same defaults kwokctl uses (node-initialize +
+# node-heartbeat-with-lease, pod-ready/complete/delete from the "fast" set) from the kwok module
+# source into $KWOK_DIR/stages.yaml, passed to kwok with --config.
+kwok_stages() {
+  local out=$KWOK_DIR/stages.yaml
+  [[ -s $out ]] && return 0
+  local dir f
+  dir=$(cd "$CACHE" && "$GO" mod download -json "sigs.k8s.io/kwok@$KWOK_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
+  [[ -d $dir/kustomize/stage ]] || die "kwok module source not found for $KWOK_VERSION"
+  {
+    echo "# kwok default stages, assembled by e2e/build.sh from sigs.k8s.io/kwok@$KWOK_VERSION/kustomize/stage"
+    for f in node/fast/node-initialize.yaml node/heartbeat-with-lease/node-heartbeat-with-lease.yaml \
+             pod/fast/pod-ready.yaml pod/fast/pod-complete.yaml pod/fast/pod-delete.yaml; do
+      [[ -f $dir/kustomize/stage/$f ]] || die "missing kwok stage $f in $dir"
+      echo "---"; echo "# $f"; cat "$dir/kustomize/stage/$f"
+    done
+  } >"$out.tmp"
+  mv "$out.tmp" "$out"
+  log "kwok stages written to $out"
+}
+
+BUILT=0
 main() {
   local t0=$SECONDS
   ensure_debian
@@ -166,10 +190,13 @@ main() {
   timed "kubernetes-$K8S_VERSION" build_k8s
   timed "kwok-$KWOK_VERSION" goinstall kwok "$KWOK_VERSION" "$KWOK_DIR" sigs.k8s.io/kwok/cmd/kwok \
     "-X sigs.k8s.io/kwok/pkg/consts.Version=$KWOK_VERSION"
+  kwok_stages
   timed "helm-$HELM_VERSION" goinstall helm "$HELM_VERSION" "$HELM_DIR" helm.sh/helm/v3/cmd/helm \
     "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
-  if [[ ${VENTURI_E2E_KEEP_GOCACHE:-1} == 0 ]]; then
-    log "deleting Go build cache $GOCACHE"; "$GO" clean -cache
+  if [[ $BUILT == 1 && ${VENTURI_E2E_KEEP_GOCACHE:-0} != 1 ]]; then
+    # ~4 GB of compiled packages that only speed up a rebuild at another version
+    log "deleting Go build cache $GOCACHE (keep it with VENTURI_E2E_KEEP_GOCACHE=1)"
+    "$GO" clean -cache; rm -rf "$GOCACHE"
   fi
   log "done in $((SECONDS - t0))s:"
   "$K8S_DIR/kube-apiserver" --version >&2

@@ -35,7 +35,8 @@ die() { log "ERROR: $*"; exit 1; }
 # ------------------------------------------------------------------ process bookkeeping
 # $PIDS lines: "<name> <pid> <starttime>", starttime = field 22 of /proc/<pid>/stat, so a
 # recycled PID is never mistaken for ours.
-proc_start() { [[ -r /proc/$1/stat ]] && sed 's/^.*) //' "/proc/$1/stat" | awk '{print $20}'; }
+# (a zombie, state Z, counts as gone: it has exited and only waits to be reaped)
+proc_start() { [[ -r /proc/$1/stat ]] && sed 's/^.*) //' "/proc/$1/stat" | awk '$1 != "Z" {print $20}'; }
 is_ours() { # pid starttime
   local st; st=$(proc_start "$1" 2>/dev/null) || return 1
   [[ -n $st && $st == "$2" ]]
@@ -68,19 +69,21 @@ start() {
 pid_of() { awk -v n="$1" '$1==n {print $2}' "$PIDS"; }
 st_of() { awk -v n="$1" '$1==n {print $3}' "$PIDS"; }
 
-# wait_for NAME TIMEOUT CMD... : poll CMD once a second; fail early if NAME's process died.
+# wait_for NAME[:what] TIMEOUT CMD... : poll CMD once a second; fail early if NAME's process died.
 wait_for() {
-  local name=$1 timeout=$2; shift 2
+  local name=${1%%:*} what="${1%%:*} ready" timeout=$2
+  [[ $1 == *:* ]] && what=${1#*:}
+  shift 2
   local pid st deadline=$((SECONDS + timeout))
   pid=$(pid_of "$name"); st=$(st_of "$name")
   while ((SECONDS < deadline)); do
-    if "$@" >/dev/null 2>&1; then log "$name ready"; return 0; fi
+    if "$@" >/dev/null 2>&1; then log "$what"; return 0; fi
     if [[ -n $pid ]] && ! is_ours "$pid" "$st"; then
       die "$name (pid $pid) died during startup; log: $RUN/log/$name.log"$'\n'"$(tail -n 30 "$RUN/log/$name.log")"
     fi
     sleep 1
   done
-  die "$name not ready after ${timeout}s (check: $*); log: $RUN/log/$name.log"$'\n'"$(tail -n 30 "$RUN/log/$name.log" 2>/dev/null)"
+  die "$name: '$what' not reached after ${timeout}s (check: $*); log: $RUN/log/$name.log"$'\n'"$(tail -n 30 "$RUN/log/$name.log" 2>/dev/null)"
 }
 
 stop_all() {
@@ -127,6 +130,11 @@ make_pki() {
     openssl req -newkey rsa:2048 -nodes -subj "/O=system:masters/CN=venturi-e2e-admin" -keyout admin.key -out admin.csr
     printf 'extendedKeyUsage=clientAuth\n' >client.ext
     openssl x509 -req -in admin.csr -CA ca.crt -CAkey ca.key -CAcreateserial -days 3650 -out admin.crt -extfile client.ext
+    # front proxy (aggregation layer): lets aggregated APIs (e.g. a metrics API) authenticate the
+    # apiserver, and gives kcm/scheduler the requestheader CA they look up in extension-apiserver-authentication
+    openssl req -x509 -newkey rsa:2048 -nodes -days 3650 -subj "/CN=venturi-e2e-front-proxy-ca" -keyout front-proxy-ca.key -out front-proxy-ca.crt
+    openssl req -newkey rsa:2048 -nodes -subj "/CN=front-proxy-client" -keyout front-proxy-client.key -out front-proxy-client.csr
+    openssl x509 -req -in front-proxy-client.csr -CA front-proxy-ca.crt -CAkey front-proxy-ca.key -CAcreateserial -days 3650 -out front-proxy-client.crt -extfile client.ext
     # ServiceAccount token signing key pair
     openssl genrsa -out sa.key 2048
     openssl rsa -in sa.key -pubout -out sa.pub
@@ -188,6 +196,7 @@ cmd_up() {
   "$HERE/build.sh" || die "e2e/build.sh failed"
   resolve_bins
   local b
+  [[ -s $KWOK_BIN/stages.yaml ]] || die "missing $KWOK_BIN/stages.yaml (run e2e/build.sh)"
   for b in "$ETCD" "$K8S_BIN/kube-apiserver" "$K8S_BIN/kube-controller-manager" "$K8S_BIN/kube-scheduler" "$KWOK_BIN/kwok" "$KUBECTL"; do
     [[ -x $b ]] || die "missing binary $b (run e2e/build.sh)"
   done
@@ -223,6 +232,10 @@ cmd_up() {
     --cert-dir="$RUN/apiserver-certs" \
     --tls-cert-file="$P/apiserver.crt" --tls-private-key-file="$P/apiserver.key" \
     --client-ca-file="$P/ca.crt" \
+    --requestheader-client-ca-file="$P/front-proxy-ca.crt" --requestheader-allowed-names=front-proxy-client \
+    --requestheader-username-headers=X-Remote-User --requestheader-group-headers=X-Remote-Group \
+    --requestheader-extra-headers-prefix=X-Remote-Extra- \
+    --proxy-client-cert-file="$P/front-proxy-client.crt" --proxy-client-key-file="$P/front-proxy-client.key" \
     --service-account-issuer=https://kubernetes.default.svc.cluster.local \
     --service-account-key-file="$P/sa.pub" \
     --service-account-signing-key-file="$P/sa.key" \
@@ -262,7 +275,7 @@ EOF
   wait_for kube-scheduler "$T_COMPONENT" curl -fsk "https://127.0.0.1:$SCHED_PORT/healthz"
 
   # --- kwok (no HTTP server: without --server-address/--node-port it opens no listener)
-  start kwok "$KWOK_BIN/kwok" --kubeconfig="$KC" \
+  start kwok "$KWOK_BIN/kwok" --kubeconfig="$KC" --config="$KWOK_BIN/stages.yaml" \
     --manage-all-nodes=true \
     --cidr=10.244.0.0/24 --node-ip=10.244.0.1 \
     --node-lease-duration-seconds=40
@@ -286,12 +299,13 @@ status:
   capacity: {cpu: "32", memory: 256Gi, pods: "110"}
   nodeInfo: {architecture: amd64, operatingSystem: linux, kubeletVersion: fake, kubeProxyVersion: fake}
 EOF
-  wait_for kwok "$T_NODE" "$KUBECTL" --kubeconfig="$KC" wait --for=condition=Ready "node/$NODE_NAME" --timeout=2s
+  wait_for "kwok:node $NODE_NAME Ready" "$T_NODE" "$KUBECTL" --kubeconfig="$KC" wait --for=condition=Ready "node/$NODE_NAME" --timeout=2s
   # the node-lifecycle controller removes the not-ready taint once the Node is Ready
-  wait_for kube-controller-manager "$T_NODE" bash -c \
+  wait_for "kube-controller-manager:not-ready taint removed from $NODE_NAME" "$T_NODE" bash -c \
     "t=\$('$KUBECTL' --kubeconfig='$KC' get node '$NODE_NAME' -o jsonpath='{.spec.taints[*].key}') && [[ \$t != *not-ready* ]]"
   # pods need the default ServiceAccount (ServiceAccount admission is on)
-  wait_for kube-controller-manager "$T_COMPONENT" "$KUBECTL" --kubeconfig="$KC" -n default get serviceaccount default
+  wait_for "kube-controller-manager:serviceaccount default/default exists" "$T_COMPONENT" \
+    "$KUBECTL" --kubeconfig="$KC" -n default get serviceaccount default
 
   cat >"$RUN/env" <<EOF
 export VENTURI_E2E_RUN=$RUN
