@@ -457,18 +457,19 @@ class PostgresStore:
         claimed: dict[str, int] = {}
         dead: dict[str, int] = {}
         oldest: dict[str, float] = {}
-        for status, kind, n, n_scheduled, oldest_s in rows:
+        for status, kind, total, n_scheduled, oldest_s in rows:
             if status == "pending":
-                if n:
+                n = total - n_scheduled
+                if n > 0:
                     pending[kind] = n
                 if n_scheduled:
                     scheduled[kind] = n_scheduled
                 if oldest_s is not None:
                     oldest[kind] = max(0.0, oldest_s)
             elif status == "claimed":
-                claimed[kind] = n
+                claimed[kind] = total
             else:
-                dead[kind] = n
+                dead[kind] = total
         return Stats(
             pending_by_kind=pending,
             scheduled_by_kind=scheduled,

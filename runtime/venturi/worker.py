@@ -321,6 +321,8 @@ class Worker(Generic[AppT]):
                     due = await self._next_due(kinds)
                     if due is not None:
                         timeout = min(timeout, max(due, 0.0))
+            if self._slot_freed.is_set() and len(self._running) < self.concurrency:
+                continue  # a job finished during this round: its slot may unblock work
             # Wait for a notification, the next due job, or (when capacity is what holds
             # work back: the worker is full or a kind is at its cap) a freed slot.
             waiters = [asyncio.ensure_future(self._wake.wait())]

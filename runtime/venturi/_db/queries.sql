@@ -190,20 +190,26 @@ SELECT job_id, run, outcome, at, note, attachment::text, duration_s, worker
 FROM {prefix}_journal WHERE job_id = $1 ORDER BY id;
 
 -- stats --
--- The live state counters cannot reconstruct, grouped by kind, in one statement over
--- partial indexes: eligible and scheduled pending jobs with the oldest eligible age,
--- claimed jobs, dead jobs.
-SELECT 'pending' AS status, kind,
-       count(*) FILTER (WHERE run_at <= now()) AS n,
-       count(*) FILTER (WHERE run_at > now()) AS scheduled,
-       extract(epoch FROM now() - min(run_at) FILTER (WHERE run_at <= now()))::float8 AS oldest_s
-FROM {prefix}_jobs WHERE status = 'pending' GROUP BY kind
-UNION ALL
-SELECT 'claimed', kind, count(*), 0, NULL FROM {prefix}_jobs
-WHERE status = 'claimed' GROUP BY kind
-UNION ALL
-SELECT 'dead', kind, count(*), 0, NULL FROM {prefix}_jobs
-WHERE status = 'dead' GROUP BY kind;
+-- The live state counters cannot reconstruct, in one statement that stays cheap at any
+-- backlog: totals by kind and status from the trigger-kept counts; per kind with pending
+-- jobs, one index probe for the oldest eligible job and a range count of the scheduled ones
+-- (jobs waiting for a future run_at, usually few).
+WITH totals AS (
+    SELECT kind, status, sum(n)::bigint AS n FROM {prefix}_counts
+    WHERE status IN ('pending', 'claimed', 'dead')
+    GROUP BY kind, status HAVING sum(n) > 0
+)
+SELECT t.status, t.kind, t.n,
+       CASE WHEN t.status = 'pending' THEN (
+           SELECT count(*) FROM {prefix}_jobs AS j
+           WHERE j.status = 'pending' AND j.kind = t.kind AND j.run_at > now()
+       ) ELSE 0 END AS scheduled,
+       CASE WHEN t.status = 'pending' THEN (
+           SELECT extract(epoch FROM now() - j.run_at)::float8 FROM {prefix}_jobs AS j
+           WHERE j.status = 'pending' AND j.kind = t.kind AND j.run_at <= now()
+           ORDER BY j.run_at LIMIT 1
+       ) END AS oldest_s
+FROM totals AS t;
 
 -- migration_table_create --
 -- The record of applied migrations (created under the migration lock).
