@@ -140,6 +140,10 @@ class PostgresStore:
         """
         return cls(pool, prefix=prefix, owns_pool=False)
 
+    def with_prefix(self, prefix: str) -> PostgresStore:
+        """Another queue namespace over the same pool (which this store keeps owning)."""
+        return PostgresStore(self._pool_or_raise(), prefix=prefix, owns_pool=False)
+
     @property
     def prefix(self) -> str:
         return self._prefix

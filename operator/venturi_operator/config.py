@@ -1,0 +1,24 @@
+"""The operator's settings: frozen, keyword-only, with the reason for each default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True, kw_only=True)
+class OperatorConfig:
+    namespaces: tuple[str, ...] = field(default_factory=tuple)
+    """Namespaces to watch; empty means every namespace (cluster-wide)."""
+    metrics_port: int | None = 8080
+    """Port of the Prometheus /metrics endpoint (None: no endpoint)."""
+    metrics_host: str = "0.0.0.0"
+    liveness_endpoint: str | None = "http://0.0.0.0:8081/healthz"
+    """kopf's liveness probe endpoint (None: no probe)."""
+    connect_timeout: float = 5.0
+    """Seconds to connect to a queue's database: a dead database must not stall a tick."""
+    statement_timeout: float = 5.0
+    """Seconds a stats query may run (enforced by PostgreSQL and by the client)."""
+    pool_size: int = 2
+    """Connections per distinct database: one for stats, one for the LISTEN wake-ups."""
+    application_name: str = "venturi-operator"
+    """How the operator's connections show in pg_stat_activity."""

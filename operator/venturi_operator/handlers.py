@@ -1,0 +1,120 @@
+"""The kopf wiring: one daemon per JobQueue that reconciles every `spec.interval` seconds,
+at once when the spec changes, and at once when a job arrives for a pool at zero.
+
+Handlers are thin: they translate kopf's arguments and hand over to `Reconciler.tick`.
+`build_registry` returns a fresh `kopf.OperatorRegistry`, so tests and `__main__` pass
+their own instead of filling kopf's global one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import kopf
+
+from venturi_operator.kube import GROUP, PLURAL, VERSION
+from venturi_operator.reconcile import Reconciler
+from venturi_operator.spec import DEFAULT_INTERVAL
+
+logger = logging.getLogger(__name__)
+
+
+def plain(value: Any) -> Any:
+    """kopf's live views to plain dicts and lists (what the pure parsers expect)."""
+    if isinstance(value, Mapping):
+        return {str(k): plain(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [plain(v) for v in value]
+    return value
+
+
+def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
+    registry = kopf.OperatorRegistry()
+    wakes: dict[tuple[str, str], asyncio.Event] = {}
+
+    @kopf.on.startup(registry=registry)
+    async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
+        settings.peering.standalone = True  # one replica, Recreate: no peering objects
+        settings.posting.level = logging.WARNING  # our own Events only, not every log line
+        settings.persistence.finalizer = f"{GROUP}/operator"
+        settings.watching.server_timeout = 300
+
+    @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
+    async def on_change(
+        type: str | None, namespace: str | None, name: str | None, **_: Any
+    ) -> None:
+        # Spec edits (and creation) reconcile at once instead of at the next interval.
+        if type in ("ADDED", "MODIFIED") and namespace and name:
+            event = wakes.get((namespace, name))
+            if event is not None:
+                event.set()
+
+    @kopf.daemon(GROUP, VERSION, PLURAL, registry=registry, cancellation_timeout=10.0)
+    async def jobqueue(
+        namespace: str | None,
+        name: str,
+        body: kopf.Body,
+        stopped: kopf.DaemonStopped,
+        **_: Any,
+    ) -> None:
+        if namespace is None:  # JobQueue is namespaced; kopf types allow cluster objects
+            return
+        key = (namespace, name)
+        wake = wakes.setdefault(key, asyncio.Event())
+        loop = asyncio.get_running_loop()
+
+        def post(kind: str, reason: str, message: str) -> None:
+            kopf.event(body, type=kind, reason=reason, message=message)
+
+        def on_job(kind: str) -> None:
+            # From the LISTEN connection: a job for a pool at zero must not wait the interval.
+            if reconciler.pools_at_zero_for(namespace, name, kind):
+                loop.call_soon_threadsafe(wake.set)
+
+        last_generation: int | None = None
+        try:
+            while not stopped:
+                wake.clear()
+                spec = plain(body.get("spec") or {})
+                generation = int(body.get("metadata", {}).get("generation") or 0)
+                try:
+                    result = await reconciler.tick(
+                        namespace,
+                        name,
+                        spec,
+                        generation,
+                        plain(body.get("status") or {}),
+                        post,
+                        on_job,
+                    )
+                    await reconciler.kube.patch_status(namespace, name, result.status)
+                except Exception:  # one bad tick must never end the daemon
+                    logger.exception("%s/%s: reconcile failed", namespace, name)
+                    reconciler.metrics.reconcile_errors.labels(namespace, name, "Exception").inc()
+                last_generation = generation
+                interval = spec.get("interval") if isinstance(spec, dict) else None
+                seconds = float(interval) if isinstance(interval, int) else DEFAULT_INTERVAL
+                await _wait(wake, stopped, seconds)
+                if last_generation != int(body.get("metadata", {}).get("generation") or 0):
+                    continue  # the spec changed while we waited: reconcile at once
+        finally:
+            wakes.pop(key, None)
+            await reconciler.forget(namespace, name)
+
+    return registry
+
+
+async def _wait(wake: asyncio.Event, stopped: kopf.DaemonStopped, seconds: float) -> None:
+    """Until the interval passes, a wake-up, or the daemon is stopped."""
+    waiters = {
+        asyncio.ensure_future(wake.wait()),
+        asyncio.ensure_future(stopped.wait()),
+    }
+    try:
+        await asyncio.wait(waiters, timeout=seconds, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()

@@ -1,0 +1,158 @@
+"""The only module that calls the Kubernetes API (the official client, run in threads).
+
+Each call is one request; errors become the few exceptions the reconciler reasons about.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+from dataclasses import dataclass
+from typing import Any
+
+from kubernetes import client
+from kubernetes import config as kube_config
+from kubernetes.client.exceptions import ApiException
+
+GROUP = "venturi.dev"
+VERSION = "v1alpha1"
+PLURAL = "jobqueues"
+
+
+class KubeError(Exception):
+    """A Kubernetes API call failed; `reason` is a CamelCase word for conditions."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
+
+
+@dataclass(frozen=True, kw_only=True)
+class DeploymentState:
+    replicas: int
+    """spec.replicas (what the operator scales)."""
+    ready: int
+    """status.readyReplicas."""
+
+
+class Kube:
+    def __init__(self, api: client.ApiClient) -> None:
+        self.api = api
+        self._core = client.CoreV1Api(api)
+        self._apps = client.AppsV1Api(api)
+        self._autoscaling = client.AutoscalingV2Api(api)
+        self._custom = client.CustomObjectsApi(api)
+
+    @classmethod
+    def from_environment(cls) -> Kube:
+        """In a pod: the ServiceAccount; elsewhere: $KUBECONFIG or ~/.kube/config."""
+        configuration = client.Configuration()
+        try:
+            kube_config.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        except kube_config.ConfigException:
+            kube_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+        return cls(client.ApiClient(configuration))
+
+    async def secret_value(self, namespace: str, name: str, key: str) -> str:
+        """One value of a Secret's data, decoded."""
+        try:
+            secret = await asyncio.to_thread(self._core.read_namespaced_secret, name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise KubeError("SecretNotFound", f"Secret {namespace}/{name} not found") from None
+            raise _error(exc, f"reading Secret {namespace}/{name}") from None
+        data = secret.data or {}
+        if key not in data:
+            raise KubeError(
+                "SecretKeyMissing",
+                f"Secret {namespace}/{name} has no key {key!r} (keys: {sorted(data)})",
+            )
+        try:
+            return base64.b64decode(data[key]).decode()
+        except (binascii.Error, UnicodeDecodeError):
+            raise KubeError(
+                "SecretKeyInvalid", f"Secret {namespace}/{name} key {key!r} is not UTF-8 text"
+            ) from None
+
+    async def deployment(self, namespace: str, name: str) -> DeploymentState:
+        try:
+            dep = await asyncio.to_thread(self._apps.read_namespaced_deployment, name, namespace)
+        except ApiException as exc:
+            if exc.status == 404:
+                raise KubeError(
+                    "DeploymentNotFound", f"Deployment {namespace}/{name} not found"
+                ) from None
+            raise _error(exc, f"reading Deployment {namespace}/{name}") from None
+        return DeploymentState(
+            replicas=int(dep.spec.replicas if dep.spec.replicas is not None else 1),
+            ready=int(dep.status.ready_replicas or 0) if dep.status else 0,
+        )
+
+    async def other_autoscalers(self, namespace: str) -> dict[str, str]:
+        """Deployments in `namespace` that an HPA or a KEDA ScaledObject already scales,
+        mapped to a description of that autoscaler (two autoscalers would fight)."""
+        found: dict[str, str] = {}
+        try:
+            hpas = await asyncio.to_thread(
+                self._autoscaling.list_namespaced_horizontal_pod_autoscaler, namespace
+            )
+        except ApiException as exc:
+            raise _error(exc, f"listing HorizontalPodAutoscalers in {namespace}") from None
+        for hpa in hpas.items:
+            ref = hpa.spec.scale_target_ref
+            if ref.kind == "Deployment":
+                hpa_name = hpa.metadata.name if hpa.metadata is not None else "?"
+                found[ref.name] = f"HorizontalPodAutoscaler {hpa_name}"
+        try:
+            scaled = await asyncio.to_thread(
+                self._custom.list_namespaced_custom_object,
+                "keda.sh",
+                "v1alpha1",
+                namespace,
+                "scaledobjects",
+            )
+        except ApiException as exc:
+            if exc.status in (403, 404):  # KEDA not installed, or not ours to see
+                return found
+            raise _error(exc, f"listing KEDA ScaledObjects in {namespace}") from None
+        items: list[dict[str, Any]] = scaled.get("items", []) if isinstance(scaled, dict) else []
+        for obj in items:
+            ref = obj.get("spec", {}).get("scaleTargetRef", {})
+            if ref.get("kind", "Deployment") == "Deployment" and ref.get("name"):
+                found[ref["name"]] = f"KEDA ScaledObject {obj['metadata']['name']}"
+        return found
+
+    async def scale(self, namespace: str, name: str, replicas: int) -> None:
+        """Set a Deployment's replicas through its scale subresource."""
+        try:
+            await asyncio.to_thread(
+                self._apps.patch_namespaced_deployment_scale,
+                name,
+                namespace,
+                {"spec": {"replicas": replicas}},
+            )
+        except ApiException as exc:
+            raise _error(exc, f"scaling Deployment {namespace}/{name}") from None
+
+    async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
+        try:
+            await asyncio.to_thread(
+                self._custom.patch_namespaced_custom_object_status,
+                GROUP,
+                VERSION,
+                namespace,
+                PLURAL,
+                name,
+                {"status": status},
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return  # deleted meanwhile: nothing to report on
+            raise _error(exc, f"patching status of JobQueue {namespace}/{name}") from None
+
+
+def _error(exc: ApiException, doing: str) -> KubeError:
+    reason = {401: "Unauthorized", 403: "Forbidden", 409: "Conflict"}.get(exc.status, "ApiError")
+    return KubeError(reason, f"{doing}: HTTP {exc.status} {exc.reason}")

@@ -1,0 +1,393 @@
+"""One reconcile tick of one JobQueue: read the DSN and the stats, decide each pool with the
+pure policy, scale what must change, and say what happened (status, Events, metrics).
+
+Called by the kopf daemon in `handlers`; calls `kube` (Kubernetes), `databases`
+(PostgreSQL), `policy` and `status` (pure). Per-pool histories live here, in memory: a
+restarted operator starts fresh histories, which the policy seeds safely.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from venturi import Stats
+from venturi_operator import policy, status
+from venturi_operator.databases import DatabaseError, Databases
+from venturi_operator.kube import Kube, KubeError
+from venturi_operator.metrics import OperatorMetrics, PoolSnapshot, Snapshot
+from venturi_operator.spec import JobQueueSpec, SpecError, parse_spec, pool_loads
+from venturi_operator.spec import unserved_kinds as find_unserved
+
+logger = logging.getLogger(__name__)
+
+EventSink = Callable[[str, str, str], None]
+"""post(type, reason, message): an Event on the JobQueue (Normal or Warning)."""
+
+
+@dataclass
+class _Memory:
+    """What the operator remembers about one JobQueue between ticks."""
+
+    histories: dict[str, policy.History] = field(default_factory=dict)
+    replicas: dict[str, int] = field(default_factory=dict)
+    """Each pool's replicas as of the last tick (for wake-from-zero on NOTIFY)."""
+    spec: JobQueueSpec | None = None
+    problem: str | None = None
+    """The reason the last tick was not Ready (Warnings are posted when it changes)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class TickResult:
+    status: dict[str, Any]
+    stats: Stats | None
+    scaled: dict[str, tuple[int, int]]
+    """Pools scaled this tick: deployment -> (from, to)."""
+
+
+class Reconciler:
+    def __init__(
+        self,
+        kube: Kube,
+        databases: Databases,
+        metrics: OperatorMetrics,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+    ) -> None:
+        self.kube = kube
+        self.databases = databases
+        self.metrics = metrics
+        self._clock = clock
+        self._wall = wall
+        self._memory: dict[tuple[str, str], _Memory] = {}
+
+    def pools_at_zero_for(self, namespace: str, name: str, kind: str) -> bool:
+        """True if the pool serving `kind` (any pool, for an empty kind) was at zero."""
+        memory = self._memory.get((namespace, name))
+        if memory is None or memory.spec is None:
+            return False
+        if not kind:
+            return any(n == 0 for n in memory.replicas.values())
+        pool = memory.spec.pool_for(kind)
+        return pool is not None and memory.replicas.get(pool.deployment) == 0
+
+    async def forget(self, namespace: str, name: str) -> None:
+        self._memory.pop((namespace, name), None)
+        self.metrics.forget(namespace, name)
+        await self.databases.unwatch((namespace, name))
+
+    async def tick(
+        self,
+        namespace: str,
+        name: str,
+        spec_raw: Mapping[str, Any],
+        generation: int,
+        previous_status: Mapping[str, Any],
+        post: EventSink,
+        on_wake: Callable[[str], None] | None = None,
+    ) -> TickResult:
+        started = time.perf_counter()
+        memory = self._memory.setdefault((namespace, name), _Memory())
+        try:
+            return await self._tick(
+                namespace, name, spec_raw, generation, previous_status, post, on_wake, memory
+            )
+        finally:
+            self.metrics.reconcile_duration.labels(namespace, name).observe(
+                time.perf_counter() - started
+            )
+
+    async def _tick(
+        self,
+        namespace: str,
+        name: str,
+        spec_raw: Mapping[str, Any],
+        generation: int,
+        previous_status: Mapping[str, Any],
+        post: EventSink,
+        on_wake: Callable[[str], None] | None,
+        memory: _Memory,
+    ) -> TickResult:
+        now_wall = self._wall()
+        previous_conditions = previous_status.get("conditions") or []
+
+        def finish(conds: list[status.Condition], body: dict[str, Any]) -> dict[str, Any]:
+            ready = next(c for c in conds if c.type == "Ready")
+            problem = None if ready.ok else ready.reason
+            if problem is not None and problem != memory.problem:
+                post("Warning", ready.reason, ready.message)
+                self.metrics.reconcile_errors.labels(namespace, name, ready.reason).inc()
+            elif problem is not None:
+                self.metrics.reconcile_errors.labels(namespace, name, ready.reason).inc()
+            memory.problem = problem
+            body["observedGeneration"] = generation
+            body["conditions"] = status.conditions(
+                conds, previous_conditions, generation=generation, now=now_wall
+            )
+            return body
+
+        # 1. The spec (the schema should have caught anything bad; this is the backstop).
+        try:
+            spec = parse_spec(spec_raw)
+        except SpecError as exc:
+            conds = _all_false("InvalidSpec", str(exc))
+            self.metrics.update(namespace, name, Snapshot(stats_up=False))
+            return TickResult(status=finish(conds, {}), stats=None, scaled={})
+        memory.spec = spec
+
+        # 2. The stats, through the DSN in the Secret.
+        stats: Stats | None = None
+        db_problem: tuple[str, str] | None = None
+        try:
+            dsn = await self.kube.secret_value(
+                namespace, spec.database.secret_name, spec.database.key
+            )
+            if on_wake is not None:
+                self.databases.watch(dsn, spec.database.prefix, (namespace, name), on_wake)
+            stats = await self.databases.stats(dsn, spec.database.prefix)
+        except (KubeError, DatabaseError) as exc:
+            db_problem = (exc.reason, exc.message)
+
+        # 3. Each pool: read, decide, scale.
+        loads = pool_loads(spec, stats) if stats is not None else {}
+        try:
+            conflicts = await self.kube.other_autoscalers(namespace)
+        except KubeError as exc:
+            conflicts = {}
+            logger.warning("cannot check for other autoscalers in %s: %s", namespace, exc)
+        now = self._clock()
+        pools_status: list[dict[str, Any]] = []
+        pool_snapshots: dict[str, PoolSnapshot] = {}
+        pool_problems: list[tuple[str, str]] = []
+        decisions: list[policy.Decision] = []
+        scaled: dict[str, tuple[int, int]] = {}
+        for pool in spec.pools:
+            load = loads.get(pool.deployment) if stats is not None else None
+            entry: dict[str, Any] = {"deployment": pool.deployment}
+            if load is not None:
+                entry |= {"pending": load.pending, "claimed": load.claimed}
+                if load.oldest_pending_age is not None:
+                    entry["oldestPendingAge"] = round(load.oldest_pending_age, 3)
+            current: int | None = None
+            desired: int | None = None
+            if pool.deployment in conflicts:
+                problem = (
+                    "ConflictingAutoscaler",
+                    f"Deployment {pool.deployment} is also scaled by "
+                    f"{conflicts[pool.deployment]}; venturi leaves it alone",
+                )
+                pool_problems.append(problem)
+                entry |= {"reason": problem[0], "message": problem[1]}
+            else:
+                try:
+                    state = await self.kube.deployment(namespace, pool.deployment)
+                    current = state.replicas
+                    decision = policy.decide(
+                        load,
+                        pool,
+                        memory.histories.get(pool.deployment, policy.History()),
+                        now,
+                        current=current,
+                        paused=spec.paused,
+                    )
+                    desired = decision.replicas
+                    if decision.replicas != current:
+                        await self.kube.scale(namespace, pool.deployment, decision.replicas)
+                        scaled[pool.deployment] = (current, decision.replicas)
+                        direction = "up" if decision.replicas > current else "down"
+                        self.metrics.scale_events.labels(
+                            namespace, name, pool.deployment, direction
+                        ).inc()
+                        post(
+                            "Normal",
+                            "Scaled",
+                            f"Scaled Deployment {pool.deployment} from {current} to "
+                            f"{decision.replicas} ({decision.reason}): {decision.message}",
+                        )
+                        entry["lastScaleTime"] = status.timestamp(now_wall)
+                        logger.info(
+                            "%s/%s: scaled %s %d -> %d (%s)",
+                            namespace,
+                            name,
+                            pool.deployment,
+                            current,
+                            decision.replicas,
+                            decision.reason,
+                        )
+                    elif last := _previous_pool(previous_status, pool.deployment).get(
+                        "lastScaleTime"
+                    ):
+                        entry["lastScaleTime"] = last
+                    memory.histories[pool.deployment] = decision.history
+                    memory.replicas[pool.deployment] = decision.replicas
+                    decisions.append(decision)
+                    entry |= {
+                        "currentReplicas": current,
+                        "desiredReplicas": decision.replicas,
+                        "fallback": decision.fallback,
+                        "reason": str(decision.reason),
+                        "message": decision.message,
+                        "lastDecisionTime": status.timestamp(now_wall),
+                    }
+                    if decision.recommendation is not None:
+                        entry["recommendedReplicas"] = decision.recommendation
+                except KubeError as exc:
+                    pool_problems.append((exc.reason, exc.message))
+                    entry |= {"reason": exc.reason, "message": exc.message}
+            pools_status.append(entry)
+            pool_snapshots[pool.deployment] = PoolSnapshot(
+                pending=load.pending if load else 0,
+                claimed=load.claimed if load else 0,
+                oldest_pending_age=load.oldest_pending_age if load else None,
+                current_replicas=current,
+                desired_replicas=desired,
+                min_replicas=pool.min_replicas,
+                max_replicas=pool.max_replicas,
+                max_oldest_pending_age=pool.max_oldest_pending_age,
+            )
+
+        # 4. Say what happened.
+        body: dict[str, Any] = {"pools": pools_status}
+        current_total = [p["currentReplicas"] for p in pools_status if "currentReplicas" in p]
+        desired_total = [p["desiredReplicas"] for p in pools_status if "desiredReplicas" in p]
+        body["replicas"] = sum(current_total)
+        body["desiredReplicas"] = sum(desired_total)
+        if stats is not None:
+            unserved = sorted(find_unserved(spec, stats))
+            body["stats"] = {
+                "observedTime": status.timestamp(now_wall),
+                "pending": stats.pending,
+                "claimed": stats.claimed,
+                "oldestPendingAge": round(stats.oldest_pending_age or 0.0, 3),
+                "pendingByKind": dict(stats.pending_by_kind),
+                "claimedByKind": dict(stats.claimed_by_kind),
+                "deadByKind": dict(stats.dead_by_kind),
+                "oldestPendingAgeByKind": {
+                    k: round(max(v, 0.0), 3) for k, v in stats.oldest_pending_age_by_kind.items()
+                },
+                "unservedKinds": unserved,
+            }
+        elif isinstance(previous_status.get("stats"), Mapping):
+            body["stats"] = dict(previous_status["stats"])  # keep the last good figures
+        self.metrics.update(
+            namespace,
+            name,
+            Snapshot(
+                stats_up=stats is not None,
+                pending_by_kind=dict(stats.pending_by_kind) if stats else {},
+                claimed_by_kind=dict(stats.claimed_by_kind) if stats else {},
+                dead_by_kind=dict(stats.dead_by_kind) if stats else {},
+                oldest_pending_age_by_kind=dict(stats.oldest_pending_age_by_kind) if stats else {},
+                pools=pool_snapshots,
+            ),
+        )
+        conds = _conditions(spec, db_problem, pool_problems, decisions)
+        return TickResult(status=finish(conds, body), stats=stats, scaled=scaled)
+
+
+def _previous_pool(previous_status: Mapping[str, Any], deployment: str) -> Mapping[str, Any]:
+    for entry in previous_status.get("pools") or []:
+        if isinstance(entry, Mapping) and entry.get("deployment") == deployment:
+            return entry
+    return {}
+
+
+def _all_false(reason: str, message: str) -> list[status.Condition]:
+    return [
+        status.Condition(type=t, ok=False, reason=reason, message=message)
+        for t in status.CONDITION_TYPES
+    ]
+
+
+def _conditions(
+    spec: JobQueueSpec,
+    db_problem: tuple[str, str] | None,
+    pool_problems: list[tuple[str, str]],
+    decisions: list[policy.Decision],
+) -> list[status.Condition]:
+    c = status.Condition
+    out = []
+    if db_problem is None:
+        out.append(
+            c(
+                type="DatabaseReachable",
+                ok=True,
+                reason="StatsRead",
+                message="the queue's stats were read",
+            )
+        )
+    else:
+        out.append(
+            c(type="DatabaseReachable", ok=False, reason=db_problem[0], message=db_problem[1])
+        )
+    fallback = [d for d in decisions if d.fallback]
+    limited = [d for d in decisions if d.limited]
+    if spec.paused:
+        active = c(
+            type="ScalingActive",
+            ok=False,
+            reason="Paused",
+            message="spec.paused is set: replicas are left as they are",
+        )
+    elif db_problem is not None:
+        active = c(
+            type="ScalingActive",
+            ok=False,
+            reason="StatsUnavailable",
+            message="stats could not be read: replicas are kept (or raised to fallback)",
+        )
+    elif not decisions:
+        active = c(
+            type="ScalingActive", ok=False, reason=pool_problems[0][0], message=pool_problems[0][1]
+        )
+    else:
+        active = c(
+            type="ScalingActive",
+            ok=True,
+            reason="Scaling",
+            message=f"{len(decisions)} of {len(spec.pools)} pools scaled from the stats",
+        )
+    out.append(active)
+    if limited:
+        d = limited[0]
+        out.append(c(type="ScalingLimited", ok=True, reason=str(d.reason), message=d.message))
+    else:
+        out.append(
+            c(
+                type="ScalingLimited",
+                ok=False,
+                reason="WithinBounds",
+                message="every pool's desired replicas were within its bounds and rates",
+            )
+        )
+    if fallback:
+        d = fallback[0]
+        out.append(c(type="Fallback", ok=True, reason=str(d.reason), message=d.message))
+    else:
+        out.append(
+            c(
+                type="Fallback",
+                ok=False,
+                reason="StatsAvailable",
+                message="decisions are based on current stats",
+            )
+        )
+    if db_problem is not None:
+        ready = c(type="Ready", ok=False, reason=db_problem[0], message=db_problem[1])
+    elif pool_problems:
+        ready = c(
+            type="Ready",
+            ok=False,
+            reason=pool_problems[0][0],
+            message="; ".join(m for _, m in pool_problems),
+        )
+    else:
+        ready = c(
+            type="Ready", ok=True, reason="Reconciled", message="stats read and every pool scaled"
+        )
+    return [ready, *out]
