@@ -41,6 +41,9 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
         settings.posting.level = logging.WARNING  # our own Events only, not every log line
         settings.persistence.finalizer = f"{GROUP}/operator"
         settings.watching.server_timeout = 300
+        # No CRD watching: the JobQueue CRD is installed before the operator (chart or
+        # kubectl), and not scanning means no cluster-wide CRD permissions are needed.
+        settings.scanning.disabled = True
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def on_change(
