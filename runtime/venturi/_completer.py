@@ -29,6 +29,8 @@ MAX_BUFFERED = 10_000
 """Past this many waiting settlements, `settle()` waits: backpressure, bounded memory."""
 RETRY_DELAY_MAX = 5.0
 """Seconds; cap on the wait between attempts when the database is unreachable."""
+CLOSING_ATTEMPTS = 5
+"""Attempts per batch once shutting down, before leaving the jobs to lease recovery."""
 
 
 class Completer:
@@ -85,6 +87,7 @@ class Completer:
 
     async def _write(self, batch: list[Settlement]) -> None:
         delay = 0.05
+        attempts_while_closing = 0
         while True:
             try:
                 owned = await self._store.settle(batch, worker=self._worker)
@@ -92,7 +95,18 @@ class Completer:
             except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
                 # The database is unreachable: keep the outcomes and retry. If the outage
                 # outlasts the leases, other workers recover the jobs and the guarded
-                # write below then drops them: nothing is lost, nothing settled twice.
+                # write then drops them: nothing is lost, nothing settled twice.
+                if self._closing:
+                    attempts_while_closing += 1
+                    if attempts_while_closing > CLOSING_ATTEMPTS:
+                        # Shutting down with no database: leave the jobs to lease recovery.
+                        logger.error(
+                            "shutdown: could not settle %d jobs (%s); their leases will "
+                            "expire and another worker will recover them",
+                            len(batch),
+                            exc,
+                        )
+                        return
                 logger.warning(
                     "settling %d jobs failed, retrying in %.2fs: %s", len(batch), delay, exc
                 )
