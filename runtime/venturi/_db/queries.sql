@@ -59,30 +59,39 @@ WITH p0 AS (
     FOR UPDATE SKIP LOCKED
 ), picked AS (
     SELECT id FROM p0 UNION ALL SELECT id FROM p1 UNION ALL SELECT id FROM p2
+), claimed AS (
+    UPDATE {prefix}_jobs AS j SET
+        status = 'claimed',
+        run_count = j.run_count + 1,
+        claim_token = gen_random_uuid(),
+        claimed_at = now(),
+        claimed_by = $6,
+        claimed_pod = $7,
+        lease_until = now() + make_interval(secs => coalesce(j.lease_s, $8))
+    -- = ANY(ARRAY(...)) rather than a join: the planner cannot estimate the CTEs' row
+    -- counts (their LIMITs are expressions) and would hash-join a scan of the whole table.
+    WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
+    RETURNING j.id, j.kind, j.payload, j.carry, j.run_count, j.failures, j.claim_token,
+              coalesce(j.lease_s, $8) AS lease_s, j.backoff_base_s, j.backoff_cap_s,
+              j.priority, j.run_at
 )
-UPDATE {prefix}_jobs AS j SET
-    status = 'claimed',
-    run_count = j.run_count + 1,
-    claim_token = gen_random_uuid(),
-    claimed_at = now(),
-    claimed_by = $6,
-    claimed_pod = $7,
-    lease_until = now() + make_interval(secs => coalesce(j.lease_s, $8))
--- = ANY(ARRAY(...)) rather than a join: the planner cannot estimate the CTEs' row counts
--- (their LIMITs are expressions) and would hash-join against a scan of the whole table.
-WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
-RETURNING j.id, j.kind, j.payload::text, j.carry::text, j.run_count, j.failures, j.claim_token,
-          coalesce(j.lease_s, $8) AS lease_s, j.backoff_base_s, j.backoff_cap_s,
-          extract(epoch FROM now() - j.run_at)::float8 AS waited_s,
-          (SELECT jsonb_agg(jsonb_build_object(
-                      'run', h.run, 'outcome', h.outcome, 'at', h.at, 'note', h.note,
-                      'attachment', h.attachment, 'duration_s', h.duration_s,
-                      'worker', h.worker) ORDER BY h.id)
-           FROM {prefix}_journal AS h WHERE h.job_id = j.id)::text AS history;
+-- In claim order: a worker that holds some jobs back (prefetch) starts them in this order.
+SELECT c.id, c.kind, c.payload::text, c.carry::text, c.run_count, c.failures, c.claim_token,
+       c.lease_s, c.backoff_base_s, c.backoff_cap_s,
+       extract(epoch FROM now() - c.run_at)::float8 AS waited_s,
+       (SELECT jsonb_agg(jsonb_build_object(
+                   'run', h.run, 'outcome', h.outcome, 'at', h.at, 'note', h.note,
+                   'attachment', h.attachment, 'duration_s', h.duration_s,
+                   'worker', h.worker) ORDER BY h.id)
+        FROM {prefix}_journal AS h WHERE h.job_id = c.id)::text AS history
+FROM claimed AS c
+ORDER BY c.priority DESC, c.run_at, c.id;
 
 -- job_settle_many --
 -- Settle a batch of outcomes and write their journal rows in one statement. Each row is
 -- guarded by its claim token: a job recovered and reclaimed elsewhere is left untouched.
+-- 'returned' hands back a prefetched job that never started: pending again, its claim not
+-- counted as a run, and nothing journaled (nothing happened to it).
 WITH s AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
                          $6::bool[], $7::text[], $8::text[], $9::float8[])
@@ -95,6 +104,7 @@ WITH s AS (
         finished_at = CASE WHEN s.outcome IN ('completed', 'dead') THEN now() END,
         carry = CASE WHEN s.set_carry THEN s.carry::jsonb ELSE j.carry END,
         failures = j.failures + CASE WHEN s.outcome IN ('failed', 'dead') THEN 1 ELSE 0 END,
+        run_count = j.run_count - CASE WHEN s.outcome = 'returned' THEN 1 ELSE 0 END,
         last_error = CASE WHEN s.outcome IN ('failed', 'dead') THEN s.note ELSE j.last_error END,
         claim_token = NULL,
         lease_until = NULL
@@ -108,6 +118,7 @@ WITH s AS (
     INSERT INTO {prefix}_journal (job_id, run, outcome, note, attachment, duration_s, worker)
     SELECT s.id, settled.run_count, s.outcome, s.note, s.attachment::jsonb, s.duration_s, $10
     FROM s JOIN settled ON settled.id = s.id
+    WHERE s.outcome <> 'returned'
 ), woken AS (
     SELECT pg_notify($11, kind) FROM (SELECT DISTINCT kind FROM settled
                                       WHERE status = 'pending') AS kinds

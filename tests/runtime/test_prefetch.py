@@ -1,0 +1,76 @@
+"""Adaptive prefetch: short jobs are claimed a batch ahead; prefetched jobs that never
+started are handed back at shutdown as if never claimed."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass
+
+from venturi import Context, JobStatus, Outcome, Queue, Task, Worker
+
+from .helpers import running, until, until_status
+
+
+@dataclass
+class Step(Task):
+    KIND = "step"
+    n: int
+
+
+async def claimed_count(queue: Queue) -> int:
+    return (await queue.stats()).claimed
+
+
+async def test_prefetched_jobs_are_returned_unrun_at_shutdown(queue: Queue) -> None:
+    release = asyncio.Event()
+
+    async def handle(task: Step, ctx: Context[None], app: None) -> Outcome:
+        if task.n == 20:
+            await release.wait()  # long enough to see the buffer, and released at shutdown
+        return Outcome.completed()
+
+    ids = await queue.enqueue_many(Step(n) for n in range(22))
+    worker = Worker(None, queue.store, concurrency=1, shutdown_timeout=0.2)
+    worker.register(Step, handle)
+    async with running(worker):
+        await until_status(queue, ids[19], JobStatus.COMPLETED)
+
+        async def holding_two() -> bool:
+            return await claimed_count(queue) == 2  # 1 running + 1 prefetched (concurrency 1)
+
+        await until(holding_two)
+    blocked = await queue.job(ids[20])
+    prefetched = await queue.job(ids[21])
+    assert blocked is not None and prefetched is not None
+    assert blocked.status is JobStatus.PENDING
+    assert [e.outcome for e in await queue.job_journal(ids[20])] == ["released"]
+    assert prefetched.status is JobStatus.PENDING
+    assert prefetched.run_count == 0  # its claim is not counted as a run
+    assert await queue.job_journal(ids[21]) == []
+    assert (await queue.stats()).claimed == 0
+
+
+async def test_without_prefetch_only_free_slots_are_claimed(queue: Queue) -> None:
+    release = asyncio.Event()
+    started = asyncio.Event()
+
+    async def handle(task: Step, ctx: Context[None], app: None) -> Outcome:
+        if task.n == 20:
+            started.set()
+            await release.wait()
+        return Outcome.completed()
+
+    ids = await queue.enqueue_many(Step(n) for n in range(22))
+    worker = Worker(None, queue.store, concurrency=1, prefetch=False)
+    worker.register(Step, handle)
+    async with running(worker):
+        await started.wait()
+
+        async def settled_before() -> bool:
+            return await claimed_count(queue) == 1  # earlier jobs' settlements are written
+
+        await until(settled_before)
+        job = await queue.job(ids[21])
+        assert job is not None and job.status is JobStatus.PENDING and job.run_count == 0
+        release.set()
+        await until_status(queue, ids[21], JobStatus.COMPLETED)
