@@ -5,10 +5,11 @@
     worker.register(Reindex, reindex, cap=2)        # at most 2 at once in this worker
     await worker.run(shutdown_event)                # until the event is set, then drains
 
-One worker runs four loops: the claim loop (here), the completer (batched settlements),
-the notifier (LISTEN wake-ups) and the rescuer (expired leases), plus lease renewal for
-running jobs (here). Only the claim loop starts jobs, and it never holds more jobs than it
-has free slots, so nothing sits claimed-and-idle.
+One worker runs five loops: the claim loop and lease renewal (here), the completer
+(batched settlements), the notifier (LISTEN wake-ups) and the rescuer (expired leases).
+The claim loop claims for free slots, plus (only while handlers are shorter than a claim's
+round trip) one batch ahead; capped kinds are never claimed beyond their cap, so their
+work stays pending rather than claimed-and-idle.
 """
 
 from __future__ import annotations
