@@ -451,18 +451,7 @@ class PostgresStore:
 
     async def journal(self, job_id: ULID | uuid.UUID) -> list[JournalEntry]:
         rows = await self._pool_or_raise().fetch(self._q["journal_list_for_job"], _as_uuid(job_id))
-        return [
-            JournalEntry(
-                run=r[1],
-                outcome=JournalOutcome(r[2]),
-                at=r[3],
-                note=r[4],
-                attachment=codec.decode_any(r[5]),
-                duration=r[6],
-                worker=r[7],
-            )
-            for r in rows
-        ]
+        return list(_journal(rows))
 
     async def stats(self) -> Stats:
         rows = await self._pool_or_raise().fetch(self._q["stats"])
