@@ -142,7 +142,7 @@ def _encode_carry(ctx: Context[Any]) -> tuple[str | None, Exception | None]:
     if ctx.carry is None:
         return None, None
     try:
-        return codec.encode(ctx.carry, what=f"carry of {ctx.kind}"), None
+        return codec.encode(ctx.carry, role="carry", kind=ctx.kind), None
     except PayloadError as exc:
         return None, exc
 

@@ -9,14 +9,16 @@ import uuid
 from dataclasses import dataclass
 from datetime import datetime
 
+from ulid import ULID
+
 from venturi.jobs import JournalEntry
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built once per enqueued job, frozen init costs
 class NewJob:
     """A job to insert. Exactly one of run_at / delay_s may be set (else: now)."""
 
-    id: uuid.UUID
+    id: ULID
     kind: str
     queue: str
     priority: int

@@ -17,11 +17,15 @@ from venturi.errors import PayloadError
 _encoder = msgspec.json.Encoder()
 
 
-def encode(value: Any, *, what: str) -> str:
-    """Encode a task or carry to JSON text, or raise PayloadError naming the bad field."""
+def encode(value: Any, *, role: str = "payload", kind: str = "") -> str:
+    """Encode a task or carry to JSON text, or raise PayloadError naming the bad field.
+
+    `role` and `kind` only describe the value in the error (built only on failure: this is
+    the bulk-enqueue hot path)."""
     try:
         return _encoder.encode(value).decode()
     except (TypeError, ValueError, msgspec.EncodeError, OverflowError) as exc:
+        what = f"{role} of {type(value).__qualname__}" + (f" ({kind})" if kind else "")
         raise PayloadError(f"cannot encode {what}: {_culprit(value)}{exc}") from None
 
 

@@ -222,19 +222,19 @@ class PostgresStore:
             [j.kind for j in jobs],
             [j.queue for j in jobs],
             [j.priority for j in jobs],
-            [j.run_at for j in jobs],
-            [j.delay_s for j in jobs],
+            _column([j.run_at for j in jobs]),
+            _column([j.delay_s for j in jobs]),
             [j.payload for j in jobs],
-            [j.lease_s for j in jobs],
-            [j.backoff_base_s for j in jobs],
-            [j.backoff_cap_s for j in jobs],
-            [j.dedup_key for j in jobs],
+            _column([j.lease_s for j in jobs]),
+            _column([j.backoff_base_s for j in jobs]),
+            _column([j.backoff_cap_s for j in jobs]),
+            _column([j.dedup_key for j in jobs]),
             self.channel,
         )
 
     async def insert_deduplicated(
         self, job: NewJob, decide: Callable[[ExistingJob], MergePlan]
-    ) -> uuid.UUID:
+    ) -> ULID:
         """Insert `job` unless a pending job of the same kind and dedup key exists; then
         `decide` (pure) chooses, and the plan is applied. Returns the id that holds the work.
 
@@ -261,7 +261,7 @@ class PostgresStore:
                         plan.priority,
                         plan.action,
                     )
-                    return existing.id
+                    return ULID.from_bytes(existing.id.bytes)
             await conn.execute(self._q["job_insert"], *_insert_args(job), self.channel)
             return job.id
 
@@ -517,6 +517,12 @@ def _journal(rows: Sequence[asyncpg.Record]) -> tuple[JournalEntry, ...]:
         )
         for r in rows
     )
+
+
+def _column(values: list[Any]) -> list[Any] | None:
+    """NULL for an all-NULL column: multi-array unnest() pads it with NULLs, and asyncpg
+    skips encoding a thousand Nones (optional columns are usually unset)."""
+    return None if all(v is None for v in values) else values
 
 
 def _insert_args(job: NewJob) -> tuple[Any, ...]:
