@@ -20,6 +20,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 source "$HERE/versions.env"
 RUN=${VENTURI_E2E_RUN:-/tmp/venturi-e2e-run}
 PIDS=$RUN/pids
+MARKER=$RUN/.venturi-e2e-run   # only a directory holding this marker is ever deleted
 NODE_NAME=${VENTURI_E2E_NODE_NAME:-kwok-node-0}
 # bounded waits (seconds)
 T_ETCD=${VENTURI_E2E_TIMEOUT_ETCD:-30}
@@ -186,7 +187,8 @@ resolve_bins() {
 
 # ------------------------------------------------------------------ up
 cmd_up() {
-  if [[ -d $RUN ]]; then
+  if [[ -e $RUN ]]; then
+    [[ -f $MARKER ]] || die "$RUN exists but is not a venturi e2e run dir (no $MARKER); remove it or set VENTURI_E2E_RUN"
     if any_alive; then
       die "a cluster is already running in $RUN (see '$0 status'); run '$0 down' first"
     fi
@@ -201,6 +203,7 @@ cmd_up() {
     [[ -x $b ]] || die "missing binary $b (run e2e/build.sh)"
   done
   mkdir -p "$RUN/log" "$RUN/etcd" "$RUN/apiserver-certs"
+  : >"$MARKER"
   : >"$PIDS"
   local t0=$SECONDS
   trap 'rc=$?; if [[ $rc -ne 0 ]]; then log "up failed; stopping what was started (logs kept in $RUN/log)"; stop_all; fi' EXIT
@@ -328,6 +331,7 @@ EOF
 
 cmd_down() {
   if [[ ! -d $RUN ]]; then log "no run dir $RUN: nothing to stop"; return 0; fi
+  [[ -f $MARKER ]] || die "$RUN is not a venturi e2e run dir (no $MARKER); not touching it"
   stop_all
   if [[ ${VENTURI_E2E_KEEP_RUN:-0} == 1 ]]; then
     log "kept $RUN (logs in $RUN/log)"
