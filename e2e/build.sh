@@ -81,14 +81,19 @@ setup_go() {
   mkdir -p "$GOMODCACHE" "$GOCACHE"
 }
 
-# run CMD... with timing, appended to $TIMES
+# run CMD... with timing; a step that built something is appended to $TIMES
 timed() {
   local what=$1; shift
-  local t0=$SECONDS
+  local t0=$SECONDS before=$BUILT
+  BUILT=0
   "$@"
   local dt=$((SECONDS - t0))
-  printf '%s %s %ss\n' "$(date -u +%FT%TZ)" "$what" "$dt" >>"$TIMES"
-  log "$what took ${dt}s"
+  if [[ $BUILT == 1 ]]; then
+    printf '%s %s %ss\n' "$(date -u +%FT%TZ)" "$what" "$dt" >>"$TIMES"
+    log "$what took ${dt}s"
+  fi
+  [[ $before == 1 ]] && BUILT=1
+  return 0
 }
 
 # ---------------------------------------------------------------- Kubernetes control plane
