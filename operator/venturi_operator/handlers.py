@@ -35,6 +35,12 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     wakes: dict[tuple[str, str], asyncio.Event] = {}
 
+    @kopf.on.login(registry=registry)
+    def login(**_: Any) -> kopf.ConnectionInfo:
+        # kopf adds its default login handlers only to its global registry, not to ours;
+        # and kopf should act with exactly the credentials the reconciler's client uses.
+        return reconciler.kube.connection_info()
+
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
         settings.peering.standalone = True  # one replica, Recreate: no peering objects
@@ -44,6 +50,11 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
         # No CRD watching: the JobQueue CRD is installed before the operator (chart or
         # kubectl), and not scanning means no cluster-wide CRD permissions are needed.
         settings.scanning.disabled = True
+
+    @kopf.on.cleanup(registry=registry)
+    async def close_databases(**_: Any) -> None:
+        # On the operator's own loop, where the connections were opened.
+        await reconciler.databases.close()
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def on_change(

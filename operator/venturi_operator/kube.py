@@ -11,6 +11,7 @@ import binascii
 from dataclasses import dataclass
 from typing import Any
 
+import kopf
 from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
@@ -54,6 +55,26 @@ class Kube:
         except kube_config.ConfigException:
             kube_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         return cls(client.ApiClient(configuration))
+
+    def connection_info(self) -> kopf.ConnectionInfo:
+        """The same credentials for kopf's own API calls (watching, patching, Events), so
+        the operator authenticates one way everywhere: in a pod, from a kubeconfig, in tests."""
+        c = self.api.configuration
+        token = (c.api_key or {}).get("authorization") or (c.api_key or {}).get("BearerToken")
+        scheme = None
+        if token and " " in token:
+            scheme, token = token.split(" ", 1)
+        return kopf.ConnectionInfo(
+            server=c.host,
+            ca_path=c.ssl_ca_cert or None,
+            insecure=not c.verify_ssl,
+            scheme=scheme or ("Bearer" if token else None),
+            token=token or None,
+            certificate_path=c.cert_file or None,
+            private_key_path=c.key_file or None,
+            username=c.username or None,
+            password=c.password or None,
+        )
 
     async def secret_value(self, namespace: str, name: str, key: str) -> str:
         """One value of a Secret's data, decoded."""
