@@ -291,6 +291,12 @@ def git_revision(source: str) -> str:
             text=True,
             check=True,
         ).stdout.strip()
+        runtime = subprocess.run(
+            ["git", "-C", str(REPO), "log", "-1", "--format=%h", "--", "runtime", "pyproject.toml"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
         dirty = subprocess.run(
             ["git", "-C", str(REPO), "status", "--porcelain", "--", "runtime", "pyproject.toml"],
             capture_output=True,
@@ -298,9 +304,10 @@ def git_revision(source: str) -> str:
         ).stdout.strip()
     except (subprocess.CalledProcessError, FileNotFoundError):
         return "unknown"
+    revision = f"HEAD {head} (runtime last changed in {runtime})"
     if source == "head":
-        return head
-    return head + (" + uncommitted runtime changes" if dirty else "")
+        return revision
+    return revision + (" + uncommitted runtime changes" if dirty else "")
 
 
 def _save(results: dict[str, Any], out: Path) -> None:
