@@ -1,0 +1,3 @@
+from bench.operator.run import main
+
+raise SystemExit(main())
