@@ -101,17 +101,19 @@ async def _demo(dsn: str, jobs: int, concurrency: int, prefix: str, out: TextIO)
         shutdown = asyncio.Event()
         run = asyncio.create_task(worker.run(shutdown))
         started = time.monotonic()
+        printed = started
         while True:
-            await asyncio.sleep(0.5)
+            await asyncio.sleep(0.05)  # sampling, so the throughput figure is not rounded up
             stats = await queue.stats()
             outstanding = stats.pending + stats.claimed + sum(stats.scheduled_by_kind.values())
-            elapsed = time.monotonic() - started
-            done = jobs - outstanding
-            print(
-                f"  {elapsed:5.1f}s  done {done:>6}/{jobs}  pending {stats.pending:>6}  "
-                f"running {stats.claimed:>3}  dead {stats.dead}",
-                file=out,
-            )
+            now = time.monotonic()
+            if now - printed >= 0.5 or outstanding == 0:
+                printed = now
+                print(
+                    f"  {now - started:5.1f}s  done {jobs - outstanding:>6}/{jobs}  "
+                    f"pending {stats.pending:>6}  running {stats.claimed:>3}  dead {stats.dead}",
+                    file=out,
+                )
             if outstanding == 0 or run.done():
                 break
         shutdown.set()

@@ -112,3 +112,16 @@ async def test_worker_command_runs_and_stops_gracefully_on_sigterm(
     assert proc.stderr is not None
     stderr = (await proc.stderr.read()).decode()
     assert "serving ['echo']" in stderr
+
+
+async def test_demo_settles_every_job(pg_dsn: str, prefix: str) -> None:
+    import io
+
+    from venturi.demo import run_demo
+
+    out = io.StringIO()
+    await run_demo(pg_dsn, jobs=300, concurrency=4, prefix=prefix, out=out)
+    text = out.getvalue()
+    assert "enqueued 300 jobs" in text
+    assert "all 300 jobs settled" in text
+    assert "final stats: pending=0 claimed=0 dead=0" in text
