@@ -5,8 +5,10 @@
 # directory is missing / incomplete. Debian packages (etcd-server, openssl, prometheus, curl)
 # are installed with apt-get when missing.
 #
-# Usage: e2e/build.sh            build / reuse everything
-#        e2e/build.sh --print    print the cache paths of the binaries (shell-sourceable) and exit
+# Usage: e2e/build.sh                   build / reuse everything
+#        e2e/build.sh --print           print the cache paths of the binaries (shell-sourceable) and exit
+#        e2e/build.sh --monitoring-crds fetch / reuse only the pinned Prometheus Operator CRDs (for
+#                                       e2e/run.sh against an existing cluster: no Kubernetes build)
 #
 # Environment knobs:
 #   VENTURI_E2E_CACHE        cache root (default $HOME/.cache/venturi-e2e)
@@ -27,6 +29,8 @@ CACHE=${VENTURI_E2E_CACHE:-$HOME/.cache/venturi-e2e}
 K8S_DIR=$CACHE/kubernetes-$K8S_VERSION
 KWOK_DIR=$CACHE/kwok-$KWOK_VERSION
 HELM_DIR=$CACHE/helm-$HELM_VERSION
+MON_DIR=$CACHE/prometheus-operator-crds-$PROMETHEUS_OPERATOR_VERSION
+MON_CRDS=(servicemonitors podmonitors prometheusrules)
 
 log() { printf '[build %s] %s\n' "$(date +%H:%M:%S)" "$*" >&2; }
 die() { log "ERROR: $*"; exit 1; }
@@ -36,6 +40,7 @@ if [[ ${1:-} == --print ]]; then
 K8S_BIN=$K8S_DIR
 KWOK_BIN=$KWOK_DIR
 HELM_BIN=$HELM_DIR
+MONITORING_CRDS=$MON_DIR
 EOF
   exit 0
 fi
@@ -186,6 +191,33 @@ kwok_stages() {
   log "kwok stages written to $out"
 }
 
+# ---------------------------------------------------------------- Prometheus Operator CRDs
+# The monitoring.coreos.com CRDs (ServiceMonitor, PodMonitor, PrometheusRule) that the chart's
+# monitoring objects need, pinned: `go mod download` of the prometheus-operator module (through
+# the Go module proxy, into $GOMODCACHE) and a copy of example/prometheus-operator-crd/*.yaml into
+# $MON_DIR. e2e/run.sh applies them before `helm install`.
+fetch_monitoring_crds() {
+  if [[ -f $MON_DIR/.complete ]]; then log "prometheus-operator CRDs $PROMETHEUS_OPERATOR_VERSION: cached in $MON_DIR"; return 0; fi
+  local mod=github.com/prometheus-operator/prometheus-operator dir c f
+  log "prometheus-operator CRDs $PROMETHEUS_OPERATOR_VERSION: go mod download $mod@$PROMETHEUS_OPERATOR_VERSION"
+  dir=$(cd "$CACHE" && "$GO" mod download -json "$mod@$PROMETHEUS_OPERATOR_VERSION" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",*$/\1/p')
+  [[ -d $dir/example/prometheus-operator-crd ]] || die "no example/prometheus-operator-crd in $mod@$PROMETHEUS_OPERATOR_VERSION (dir: '$dir')"
+  rm -rf "$MON_DIR.tmp"; mkdir -p "$MON_DIR.tmp"
+  for c in "${MON_CRDS[@]}"; do
+    f=$dir/example/prometheus-operator-crd/monitoring.coreos.com_$c.yaml
+    [[ -f $f ]] || die "missing $f"
+    cp "$f" "$MON_DIR.tmp/"
+  done
+  echo "$mod@$PROMETHEUS_OPERATOR_VERSION example/prometheus-operator-crd" >"$MON_DIR.tmp/SOURCE"
+  rm -rf "$MON_DIR"; mv "$MON_DIR.tmp" "$MON_DIR"; touch "$MON_DIR/.complete"
+}
+
+if [[ ${1:-} == --monitoring-crds ]]; then
+  setup_go
+  fetch_monitoring_crds
+  exit 0
+fi
+
 BUILT=0
 main() {
   local t0=$SECONDS
@@ -198,6 +230,7 @@ main() {
   kwok_stages
   timed "helm-$HELM_VERSION" goinstall helm "$HELM_VERSION" "$HELM_DIR" helm.sh/helm/v3/cmd/helm \
     "-X helm.sh/helm/v3/internal/version.version=$HELM_VERSION"
+  fetch_monitoring_crds
   if [[ $BUILT == 1 && ${VENTURI_E2E_KEEP_GOCACHE:-0} != 1 ]]; then
     # ~4 GB of compiled packages that only speed up a rebuild at another version
     log "deleting Go build cache $GOCACHE (keep it with VENTURI_E2E_KEEP_GOCACHE=1)"
@@ -207,7 +240,7 @@ main() {
   "$K8S_DIR/kube-apiserver" --version >&2
   "$KWOK_DIR/kwok" --version >&2 || true
   "$HELM_DIR/helm" version --short >&2 || true
-  etcd --version 2>&1 | head -1 >&2
+  etcd --version 2>&1 | sed -n 1p >&2   # sed reads all: no SIGPIPE (exit 141 under pipefail) as with head -1
 }
 
 main "$@"
