@@ -17,6 +17,7 @@ import base64
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -204,6 +205,33 @@ class Processes:
     def stop_all(self) -> None:
         for proc in reversed(self.started):
             self.stop(proc)
+
+
+def listeners(pids: set[int]) -> list[tuple[str, int, str]]:
+    """TCP listening sockets of these PIDs: (local address, pid, process name), from `ss`."""
+    out = subprocess.run(
+        ["ss", "-Hltnp"], capture_output=True, text=True, timeout=30, check=True
+    ).stdout
+    found = []
+    for line in out.splitlines():
+        fields = line.split()
+        if len(fields) < 6:
+            continue
+        for name, pid in re.findall(r'\("([^"]+)",pid=(\d+),', fields[5]):
+            if int(pid) in pids:
+                found.append((fields[3], int(pid), name))
+    return found
+
+
+def cluster_pids() -> set[int]:
+    """The control plane's PIDs when run.sh started it (cluster.sh's pids file)."""
+    run = os.environ.get("VENTURI_E2E_RUN")
+    if os.environ.get("VENTURI_E2E_CLUSTER_OWNED") != "1" or not run:
+        return set()
+    path = Path(run) / "pids"
+    if not path.exists():
+        return set()
+    return {int(line.split()[1]) for line in path.read_text().splitlines() if line.strip()}
 
 
 # --------------------------------------------------------------------------- kubectl / helm

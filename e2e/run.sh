@@ -42,7 +42,7 @@ stop_recorded() {
   while read -r name pid start sig; do
     now=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | awk '$1 != "Z" {print $20}') || now=
     [[ -n $now && $now == "$start" ]] || continue
-    log "stopping leftover $name (pid $pid) with SIG$sig"
+    log "stopping leftover $name (pid $pid) with $sig"
     kill "-$sig" "$pid" 2>/dev/null || true
     for i in $(seq 100); do
       now=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | awk '$1 != "Z" {print $20}') || now=
@@ -133,7 +133,11 @@ export VENTURI_E2E_MONITORING_CRDS=$MONITORING_CRDS
 log "cluster ready after $((SECONDS - T0))s; running pytest"
 
 cd "$ROOT"
+# Temporary files of the tests (EmbeddedPostgres' data dir) under $WORK too. PostgreSQL runs as
+# the postgres user when we are root: it must be able to traverse $WORK (not list it).
+chmod 711 "$WORK"
+mkdir -m 755 "$WORK/tmp"
 # In the background, so that a signal to this script is handled at once (cleanup above).
-"$PY" -m pytest e2e -q -p no:cacheprovider --durations=12 --basetemp="$WORK/pytest" "$@" &
+TMPDIR=$WORK/tmp "$PY" -m pytest e2e -q -p no:cacheprovider --durations=12 --basetemp="$WORK/pytest" "$@" &
 PYTEST_PID=$!
 wait "$PYTEST_PID"

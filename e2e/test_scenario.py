@@ -55,13 +55,16 @@ from conftest import (
     Release,
     abort_unless,
     b64,
+    cluster_pids,
     condition,
     http_get,
+    listeners,
     venturi_bin,
     wait_until,
     worker_env,
 )
 from venturi import HistoryFilter, JobStatus, Task
+from venturi.embedded import EmbeddedPostgres
 
 QUEUE = "e2e-queue"
 DEPLOYMENT = "e2e-worker"
@@ -671,6 +674,7 @@ def test_07_workers_drain_the_queue_and_the_pool_goes_to_zero(
     state: State,
     workdir: Path,
     operator: Operator,
+    postgres: EmbeddedPostgres,
 ) -> None:
     workers = [
         start_worker(processes, f"worker-{i + 1}", db.dsn, port)
@@ -721,6 +725,17 @@ def test_07_workers_drain_the_queue_and_the_pool_goes_to_zero(
     assert idle_for >= COOLDOWN - INTERVAL - 0.5, f"scaled to zero {idle_for:.1f}s after idle"
     assert idle_for <= COOLDOWN + 5 * INTERVAL + 5, f"scaled to zero {idle_for:.1f}s after idle"
     assert any(" to 0 " in e["message"] for e in events(kubectl, QUEUE, "Scaled"))
+
+    # Everything this run started (control plane, PostgreSQL, Prometheus, operator, workers)
+    # listens on 127.0.0.1 only.
+    ours = {p.pid: p.name for p in processes.started if p.alive()}
+    assert postgres.pid is not None
+    ours[postgres.pid] = "postgres"
+    bound = listeners(set(ours) | cluster_pids())
+    silent = {name for pid, name in ours.items() if pid not in {b[1] for b in bound}}
+    assert not silent, f"no listener found for {silent} (ss output: {bound})"
+    public = [b for b in bound if not b[0].startswith("127.0.0.1:")]
+    assert not public, f"listeners not on 127.0.0.1: {public}"
 
     # The workers' own /metrics (what the dashboards' throughput panels read) pass promtool.
     status, text = http_get(f"http://127.0.0.1:{ports.workers[0]}/metrics")
@@ -1002,7 +1017,9 @@ def test_09_jobqueues_are_deleted_while_the_operator_runs(
     kubectl: Kubectl, operator: Operator
 ) -> None:
     """The operator's finalizer comes off when a JobQueue is deleted, and its series go."""
+    started = time.monotonic()
     kubectl.run("delete", "jobqueue", QUEUE, BROKEN, "-n", APPS_NS, "--timeout=60s", timeout=90)
+    print(f"JobQueues deleted (finalizer removed) in {time.monotonic() - started:.1f}s")
     assert not kubectl.exists("jobqueue", QUEUE, APPS_NS)
     assert not kubectl.exists("jobqueue", BROKEN, APPS_NS)
 
