@@ -668,7 +668,8 @@ def prometheus(
     try:
         yield Prometheus(url, proc, started, rules_file)
     finally:
-        processes.stop(proc)
+        rc = processes.stop(proc)
+        assert rc == 0, f"prometheus exited {rc} on SIGTERM:\n{proc.tail()}"
 
 
 @dataclass(frozen=True)
@@ -753,6 +754,7 @@ def operator(
     finally:
         rc = processes.stop(proc)
         print(f"\n--- operator log (exit {rc}), last lines:\n{proc.tail(30)}")
+        assert rc == 0, f"venturi-operator exited {rc} on SIGTERM (20 s allowed)"
 
 
 def b64(text: str) -> str:

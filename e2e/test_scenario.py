@@ -41,6 +41,7 @@ from conftest import (
     APPS_NS,
     CHART,
     OPERATOR_NS,
+    PREFIX,
     SCRAPE_INTERVAL,
     Abort,
     Db,
@@ -122,7 +123,7 @@ def jobqueue(
     deployment: str,
     kinds: list[str],
     *,
-    prefix: str = "e2e",
+    prefix: str = PREFIX,
     min_replicas: int = 0,
     max_replicas: int = MAX_REPLICAS,
 ) -> Object:
@@ -542,6 +543,7 @@ def test_04_missing_secret_is_reported_and_the_first_queue_keeps_working(
 def test_05_invalid_jobqueue_is_rejected(
     kubectl: Kubectl, release: Release, name: str, change: dict[str, Any], message: str
 ) -> None:
+    change = dict(change)
     twice = change.pop("kinds_twice", False)
     obj = jobqueue(name, SECRET, DEPLOYMENT, ["e2e_a", "e2e_b"], **change)
     if twice:
