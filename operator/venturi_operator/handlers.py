@@ -34,6 +34,9 @@ def plain(value: Any) -> Any:
 def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
     registry = kopf.OperatorRegistry()
     wakes: dict[tuple[str, str], asyncio.Event] = {}
+    reconciled: dict[tuple[str, str], int] = {}
+    """The generation each daemon last reconciled: a MODIFIED event of the same generation
+    is only the operator's own status patch, and must not trigger another tick."""
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:
@@ -50,6 +53,8 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
         # No CRD watching: the JobQueue CRD is installed before the operator (chart or
         # kubectl), and not scanning means no cluster-wide CRD permissions are needed.
         settings.scanning.disabled = True
+        # A deleted JobQueue's daemon exits at once (it only waits on events): no 10 s wait.
+        settings.background.instant_exit_timeout = 1.0
 
     @kopf.on.cleanup(registry=registry)
     async def close_databases(**_: Any) -> None:
@@ -58,10 +63,13 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
 
     @kopf.on.event(GROUP, VERSION, PLURAL, registry=registry)
     async def on_change(
-        type: str | None, namespace: str | None, name: str | None, **_: Any
+        type: str | None, namespace: str | None, name: str | None, body: kopf.Body, **_: Any
     ) -> None:
         # Spec edits (and creation) reconcile at once instead of at the next interval.
         if type in ("ADDED", "MODIFIED") and namespace and name:
+            generation = int(body.get("metadata", {}).get("generation") or 0)
+            if reconciled.get((namespace, name)) == generation:
+                return
             event = wakes.get((namespace, name))
             if event is not None:
                 event.set()
@@ -109,6 +117,7 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
                     logger.exception("%s/%s: reconcile failed", namespace, name)
                     reconciler.metrics.reconcile_errors.labels(namespace, name, "Exception").inc()
                 last_generation = generation
+                reconciled[key] = generation
                 interval = spec.get("interval") if isinstance(spec, dict) else None
                 seconds = float(interval) if isinstance(interval, int) else DEFAULT_INTERVAL
                 await _wait(wake, stopped, seconds)
@@ -116,6 +125,7 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
                     continue  # the spec changed while we waited: reconcile at once
         finally:
             wakes.pop(key, None)
+            reconciled.pop(key, None)
             await reconciler.forget(namespace, name)
 
     return registry

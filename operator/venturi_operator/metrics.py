@@ -73,6 +73,10 @@ class OperatorMetrics(Collector):
     def update(self, namespace: str, name: str, snapshot: Snapshot) -> None:
         with self._lock:
             self._snapshots[(namespace, name)] = snapshot
+        for pool in snapshot.pools:
+            for direction in ("up", "down"):
+                # Create each series at 0, so increase() also counts its first scale event.
+                self.scale_events.labels(namespace, name, pool, direction)
 
     def forget(self, namespace: str, name: str) -> None:
         """Drop every series of a deleted JobQueue."""

@@ -101,7 +101,7 @@ class Worker(Generic[AppT]):
     - `panic_policy`: how unexpected exceptions settle: `PanicPolicy.RETRY` or `DEAD`.
     - `queue`: the named queue this worker serves ("default").
     - `metrics`: record Prometheus metrics (needs `venturi[metrics]`); `metrics_port`
-      also serves them on /metrics from this process.
+      also serves them on /metrics from this process, on `metrics_host` (all interfaces).
     - `prefetch`: while handlers run shorter than a claim's round trip, claim up to one
       batch ahead so slots never wait on the database (True); never for capped kinds.
     """
@@ -124,6 +124,7 @@ class Worker(Generic[AppT]):
         identity: WorkerIdentity | None = None,
         metrics: bool = False,
         metrics_port: int | None = None,
+        metrics_host: str = "0.0.0.0",  # all interfaces: pods are scraped from outside
         prefetch: bool = True,
     ) -> None:
         if concurrency is None:
@@ -162,6 +163,7 @@ class Worker(Generic[AppT]):
         self.prefetch = prefetch
         self.hooks = metrics_hooks(metrics or metrics_port is not None)
         self.metrics_port = metrics_port
+        self.metrics_host = metrics_host
         self._registry: dict[str, Registration] = {}
         self._running: dict[uuid.UUID, _Running] = {}
         self._buffer: deque[_Running] = deque()
@@ -246,7 +248,7 @@ class Worker(Generic[AppT]):
         if self.metrics_port is not None:
             from venturi import metrics
 
-            metrics.serve(self.metrics_port)
+            metrics.serve(self.metrics_port, self.metrics_host)
         logger.info(
             "worker %s starting: kinds=%s concurrency=%d", identity, self.kinds, self.concurrency
         )
