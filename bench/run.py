@@ -142,7 +142,7 @@ async def _run(
     started = time.monotonic()
     results: dict[str, Any] = {
         "meta": {
-            "command": "python -m bench " + " ".join(sys.argv[1:]),
+            "command": " ".join(["python -m bench", *sys.argv[1:]]),
             "mode": "quick" if args.quick else "full",
             "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "plan": plan.as_dict(),
