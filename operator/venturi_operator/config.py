@@ -18,7 +18,8 @@ class OperatorConfig:
     """Seconds to connect to a queue's database: a dead database must not stall a tick."""
     statement_timeout: float = 5.0
     """Seconds a stats query may run (enforced by PostgreSQL and by the client)."""
-    pool_size: int = 2
-    """Connections per distinct database: one for stats, one for the LISTEN wake-ups."""
+    pool_size: int = 4
+    """Connections per distinct database: one LISTEN connection for all its queues' wake-ups,
+    and three for the stats queries of every JobQueue on it (each takes about a millisecond)."""
     application_name: str = "venturi-operator"
     """How the operator's connections show in pg_stat_activity."""

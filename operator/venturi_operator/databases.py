@@ -41,7 +41,10 @@ class Databases:
         self._stores: dict[str, PostgresStore] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
         self._watchers: dict[tuple[str, str], dict[object, WakeCallback]] = {}
-        self._listeners: dict[tuple[str, str], asyncio.Task[None]] = {}
+        """(dsn, prefix) -> owner -> callback."""
+        self._listeners: dict[str, asyncio.Task[None]] = {}
+        """One LISTEN task per database."""
+        self._changed: dict[str, asyncio.Event] = {}
 
     async def stats(self, dsn: str, prefix: str) -> Stats:
         """One grouped stats query, bounded by the statement timeout."""
@@ -91,49 +94,75 @@ class Databases:
         return store
 
     def watch(self, dsn: str, prefix: str, owner: object, callback: WakeCallback) -> None:
-        """Call `callback(kind)` for every job notification on this queue (until `unwatch`)."""
-        key = (dsn, prefix)
-        self._watchers.setdefault(key, {})[owner] = callback
-        if key not in self._listeners:
-            self._listeners[key] = asyncio.create_task(
-                self._listen(dsn, prefix), name=f"venturi-operator-listen-{prefix}"
+        """Call `callback(kind)` for every job notification on this queue (until `unwatch`).
+
+        One LISTEN connection per database serves every watched queue in it; it is
+        re-established (with the new set of queues) whenever that set changes.
+        """
+        watchers = self._watchers.setdefault((dsn, prefix), {})
+        new_queue = not watchers
+        watchers[owner] = callback
+        if dsn not in self._listeners:
+            self._changed[dsn] = asyncio.Event()
+            self._listeners[dsn] = asyncio.create_task(
+                self._listen(dsn), name="venturi-operator-listen"
             )
+        elif new_queue:
+            self._changed[dsn].set()
 
     async def unwatch(self, owner: object) -> None:
         for key, owners in list(self._watchers.items()):
-            owners.pop(owner, None)
-            if not owners:
-                del self._watchers[key]
-                task = self._listeners.pop(key, None)
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
+            if owners.pop(owner, None) is None or owners:
+                continue
+            del self._watchers[key]
+            dsn = key[0]
+            if any(k[0] == dsn for k in self._watchers):
+                continue  # its channel stays subscribed until the next re-listen: harmless
+            task = self._listeners.pop(dsn, None)
+            self._changed.pop(dsn, None)
+            if task is not None:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
 
-    async def _listen(self, dsn: str, prefix: str) -> None:
-        key = (dsn, prefix)
+    async def _listen(self, dsn: str) -> None:
         delay = 0.5
+        changed = self._changed[dsn]
         while True:
+            changed.clear()
             lost = asyncio.Event()
+            prefixes = sorted(p for d, p in self._watchers if d == dsn)
 
-            def notified(kind: str) -> None:
-                for callback in list(self._watchers.get(key, {}).values()):
+            def notified(prefix: str, kind: str) -> None:
+                for callback in list(self._watchers.get((dsn, prefix), {}).values()):
                     callback(kind)
 
             try:
-                store = (await self._store(dsn)).with_prefix(prefix)
-                async with store.listen(notified, lost.set) as listening:
+                store = await self._store(dsn)
+                async with store.listen_queues(prefixes, notified, lost.set) as listening:
                     delay = 0.5
-                    notified("")  # anything sent while we were not listening was missed
-                    while not lost.is_set():
-                        with contextlib.suppress(TimeoutError):
-                            await asyncio.wait_for(lost.wait(), 30)
-                        if not lost.is_set():
+                    for prefix in prefixes:
+                        notified(prefix, "")  # anything sent while not listening was missed
+                    while not lost.is_set() and not changed.is_set():
+                        waiters = {
+                            asyncio.ensure_future(lost.wait()),
+                            asyncio.ensure_future(changed.wait()),
+                        }
+                        try:
+                            await asyncio.wait(
+                                waiters, timeout=30, return_when=asyncio.FIRST_COMPLETED
+                            )
+                        finally:
+                            for w in waiters:
+                                w.cancel()
+                        if not lost.is_set() and not changed.is_set():
                             await asyncio.wait_for(listening.probe(), 10)
+                    if changed.is_set():
+                        continue  # the set of queues changed: listen again at once
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # any failure: wait and listen again
-                logger.warning("LISTEN on %s_jobs failed: %s", prefix, _redact(str(exc), dsn))
+                logger.warning("LISTEN failed: %s", _redact(str(exc), dsn))
             await asyncio.sleep(delay)
             delay = min(delay * 2, RELISTEN_DELAY_MAX)
 

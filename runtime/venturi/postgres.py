@@ -386,25 +386,40 @@ class PostgresStore:
         `on_notify(kind)` runs for every notification; `on_lost()` when the connection
         terminates. Yields a handle to probe the connection for liveness.
         """
+        async with self.listen_queues(
+            [self._prefix], lambda _prefix, kind: on_notify(kind), on_lost
+        ) as listening:
+            yield listening
 
-        def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
-            on_notify(str(payload))
+    @asynccontextmanager
+    async def listen_queues(
+        self,
+        prefixes: Sequence[str],
+        on_notify: Callable[[str, str], None],
+        on_lost: Callable[[], None],
+    ) -> AsyncIterator[Listening]:
+        """One connection LISTENing on the channels of several queues of this database
+        (`on_notify(prefix, kind)`): a watcher of many queues holds one connection, not one
+        per queue."""
+        channels = {f"{sql.validate_prefix(p)}_jobs": p for p in prefixes}
+
+        def notified(_conn: object, _pid: int, channel: str, payload: object) -> None:
+            on_notify(channels[channel], str(payload))
 
         def terminated(_conn: object) -> None:
             on_lost()
 
         async with self._pool_or_raise().acquire() as conn:
             conn.add_termination_listener(terminated)
-            await conn.add_listener(self.channel, notified)
             try:
+                for channel in channels:
+                    await conn.add_listener(channel, notified)
                 yield Listening(conn, self._q["connection_probe"])
             finally:
                 conn.remove_termination_listener(terminated)
-                if not conn.is_closed():
-                    try:
-                        await conn.remove_listener(self.channel, notified)
-                    except (asyncpg.PostgresError, OSError, asyncpg.InterfaceError):
-                        conn.terminate()  # a broken connection: let the pool replace it
+                # Close rather than UNLISTEN channel by channel: it cannot be interrupted
+                # half-way (by a cancellation at shutdown), and the pool replaces it.
+                conn.terminate()
 
     # -- operations ------------------------------------------------------------------
 

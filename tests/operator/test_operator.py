@@ -236,3 +236,28 @@ async def test_a_job_wakes_a_pool_at_zero_without_waiting_for_the_interval(
         await Queue(store).enqueue(Mail())
         await replicas_become(kube, "mailer", 1)  # the interval is an hour: only NOTIFY did it
         assert loop.time() - began < TIMEOUT
+
+
+async def test_many_jobqueues_share_one_database_connection_budget(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    """Twelve queues on one database: one LISTEN connection for all of them (a connection per
+    queue would exhaust the operator's small pool and starve the stats queries)."""
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    prefixes = [f"{store.prefix}_{i}" for i in range(12)]
+    for i, p in enumerate(prefixes):
+        await store.with_prefix(p).migrate()
+        kube.deployment(NS, f"d{i}", replicas=0)
+        kube.jobqueue(NS, f"q{i}", {**spec(p, deployment=f"d{i}"), "interval": 3600})
+    async with operator(kube):
+        for i in range(12):
+            await kube.wait_for(
+                JOBQUEUES,
+                NS,
+                f"q{i}",
+                lambda o: condition(o, "Ready").get("status") == "True",
+                timeout=TIMEOUT,
+            )
+        await Queue(store.with_prefix(prefixes[7])).enqueue(Mail())
+        await replicas_become(kube, "d7", 1)  # woken through the shared LISTEN connection
+        assert kube.get(DEPLOYMENTS, NS, "d3")["spec"]["replicas"] == 0
