@@ -120,6 +120,8 @@ def jobqueue(name: str, prefix: str, deployment_name: str, interval: int) -> dic
                     "maxReplicas": 3,
                     "targetPerReplica": 10,
                     "cooldownSeconds": 0,
+                    # back to zero at once between wake rounds (the HPA default waits 5 min)
+                    "behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}},
                 }
             ],
         },
@@ -244,10 +246,11 @@ async def _scenarios(
     window = args.ticks * args.interval
     await asyncio.sleep(window)  # the measurement window itself, not a synchronization
     after = reconcile_seconds(scrape(metrics_port))
-    calls = await pool.fetchval(
+    calls = await pool.fetchval(  # numeric: sum() of bigint
         "SELECT coalesce(sum(calls), 0) FROM pg_stat_statements "
         "WHERE query LIKE '%_counts%' AND query LIKE '%totals%'"
     )
+    calls = int(calls)
     ticks = after[1] - before[1]
     return {
         "wake_from_zero_s": wakes,
