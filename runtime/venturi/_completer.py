@@ -92,8 +92,9 @@ class Completer:
             try:
                 owned = await self._store.settle(batch, worker=self._worker)
                 break
-            except (OSError, asyncpg.PostgresConnectionError, asyncpg.InterfaceError) as exc:
-                # The database is unreachable: keep the outcomes and retry. If the outage
+            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+                # The database is unreachable (or cancelled the statement): keep the outcomes
+                # and retry. If the outage
                 # outlasts the leases, other workers recover the jobs and the guarded
                 # write then drops them: nothing is lost, nothing settled twice.
                 if self._closing:

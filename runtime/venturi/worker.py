@@ -264,9 +264,11 @@ class Worker(Generic[AppT]):
         try:
             await asyncio.wait_for(self.notifier.connected.wait(), timeout=30)
             self.ready.set()
-            done, _ = await asyncio.wait({claim_loop, stop}, return_when=asyncio.FIRST_COMPLETED)
-            if claim_loop in done:
-                claim_loop.result()  # the claim loop only ends by raising
+            done, _ = await asyncio.wait(
+                {claim_loop, stop, *background}, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done - {stop}:
+                task.result()  # the loops only end by raising: fail loudly, after draining
         except asyncio.CancelledError:
             graceful = False
             raise
@@ -275,8 +277,14 @@ class Worker(Generic[AppT]):
             stop.cancel()
             claim_loop.cancel()
             await asyncio.gather(claim_loop, stop, return_exceptions=True)
+            completer_task = background[0]
+            if completer_task.done():
+                # Nothing can write outcomes any more: the leases will bring the jobs back.
+                logger.error("worker %s: the completer stopped; leaving jobs to recovery", identity)
+                graceful = False
             await self._drain(graceful)
-            await self._completer.close()
+            if not completer_task.done():
+                await self._completer.close()
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
