@@ -96,7 +96,6 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
             if reconciler.pools_at_zero_for(namespace, name, kind):
                 loop.call_soon_threadsafe(wake.set)
 
-        last_generation: int | None = None
         try:
             while not stopped:
                 wake.clear()
@@ -116,13 +115,10 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
                 except Exception:  # one bad tick must never end the daemon
                     logger.exception("%s/%s: reconcile failed", namespace, name)
                     reconciler.metrics.reconcile_errors.labels(namespace, name, "Exception").inc()
-                last_generation = generation
                 reconciled[key] = generation
                 interval = spec.get("interval") if isinstance(spec, dict) else None
                 seconds = float(interval) if isinstance(interval, int) else DEFAULT_INTERVAL
-                await _wait(wake, stopped, seconds)
-                if last_generation != int(body.get("metadata", {}).get("generation") or 0):
-                    continue  # the spec changed while we waited: reconcile at once
+                await _wait(wake, stopped, seconds)  # a spec change sets `wake` (on_change)
         finally:
             wakes.pop(key, None)
             reconciled.pop(key, None)
