@@ -20,7 +20,7 @@ from venturi_operator import policy, status
 from venturi_operator.databases import DatabaseError, Databases
 from venturi_operator.kube import Kube, KubeError
 from venturi_operator.metrics import OperatorMetrics, PoolSnapshot, Snapshot
-from venturi_operator.spec import JobQueueSpec, SpecError, parse_spec, pool_loads
+from venturi_operator.spec import JobQueueSpec, PoolSpec, SpecError, parse_spec, pool_loads
 from venturi_operator.spec import unserved_kinds as find_unserved
 
 logger = logging.getLogger(__name__)
@@ -185,47 +185,22 @@ class Reconciler:
                 entry |= {"reason": problem[0], "message": problem[1]}
             else:
                 try:
-                    state = await self.kube.deployment(namespace, pool.deployment)
-                    current = state.replicas
-                    decision = policy.decide(
-                        load,
-                        pool,
-                        memory.histories.get(pool.deployment, policy.History()),
-                        now,
-                        current=current,
-                        paused=spec.paused,
+                    current, decision = await self._scale_pool(
+                        namespace, name, pool, load, memory, spec.paused, now, post
                     )
+                except KubeError as exc:
+                    pool_problems.append((exc.reason, exc.message))
+                    entry |= {"reason": exc.reason, "message": exc.message}
+                else:
                     desired = decision.replicas
+                    decisions.append(decision)
                     if decision.replicas != current:
-                        await self.kube.scale(namespace, pool.deployment, decision.replicas)
                         scaled[pool.deployment] = (current, decision.replicas)
-                        direction = "up" if decision.replicas > current else "down"
-                        self.metrics.scale_events.labels(
-                            namespace, name, pool.deployment, direction
-                        ).inc()
-                        post(
-                            "Normal",
-                            "Scaled",
-                            f"Scaled Deployment {pool.deployment} from {current} to "
-                            f"{decision.replicas} ({decision.reason}): {decision.message}",
-                        )
                         entry["lastScaleTime"] = status.timestamp(now_wall)
-                        logger.info(
-                            "%s/%s: scaled %s %d -> %d (%s)",
-                            namespace,
-                            name,
-                            pool.deployment,
-                            current,
-                            decision.replicas,
-                            decision.reason,
-                        )
                     elif last := _previous_pool(previous_status, pool.deployment).get(
                         "lastScaleTime"
                     ):
                         entry["lastScaleTime"] = last
-                    memory.histories[pool.deployment] = decision.history
-                    memory.replicas[pool.deployment] = decision.replicas
-                    decisions.append(decision)
                     entry |= {
                         "currentReplicas": current,
                         "desiredReplicas": decision.replicas,
@@ -236,9 +211,6 @@ class Reconciler:
                     }
                     if decision.recommendation is not None:
                         entry["recommendedReplicas"] = decision.recommendation
-                except KubeError as exc:
-                    pool_problems.append((exc.reason, exc.message))
-                    entry |= {"reason": exc.reason, "message": exc.message}
             pools_status.append(entry)
             pool_snapshots[pool.deployment] = PoolSnapshot(
                 pending=load.pending if load else 0,
@@ -288,6 +260,52 @@ class Reconciler:
         )
         conds = _conditions(spec, db_problem, pool_problems, decisions)
         return TickResult(status=finish(conds, body), stats=stats, scaled=scaled)
+
+    async def _scale_pool(
+        self,
+        namespace: str,
+        name: str,
+        pool: PoolSpec,
+        load: policy.PoolLoad | None,
+        memory: _Memory,
+        paused: bool,
+        now: float,
+        post: EventSink,
+    ) -> tuple[int, policy.Decision]:
+        """Read one pool's Deployment, decide with the pure policy, scale it if the replicas
+        change (an Event and a metric), and remember the history; returns (current, decision)."""
+        current = (await self.kube.deployment(namespace, pool.deployment)).replicas
+        decision = policy.decide(
+            load,
+            pool,
+            memory.histories.get(pool.deployment, policy.History()),
+            now,
+            current=current,
+            paused=paused,
+        )
+        if decision.replicas != current:
+            await self.kube.scale(namespace, pool.deployment, decision.replicas)
+            direction = "up" if decision.replicas > current else "down"
+            self.metrics.scale_events.labels(namespace, name, pool.deployment, direction).inc()
+            post(
+                "Normal",
+                "Scaled",
+                f"Scaled Deployment {pool.deployment} from {current} to "
+                f"{decision.replicas} ({decision.reason}): {decision.message}",
+            )
+            logger.info(
+                "%s/%s: scaled %s %d -> %d (%s)",
+                namespace,
+                name,
+                pool.deployment,
+                current,
+                decision.replicas,
+                decision.reason,
+            )
+        # Kept only once the scale is applied: a failed patch loses just this tick's sample.
+        memory.histories[pool.deployment] = decision.history
+        memory.replicas[pool.deployment] = decision.replicas
+        return current, decision
 
 
 def _previous_pool(previous_status: Mapping[str, Any], deployment: str) -> Mapping[str, Any]:
