@@ -353,10 +353,12 @@ class PostgresStore:
             if not rows:
                 return []
             stale = [StaleJob(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows]
+            tokens = {r[0]: r[7] for r in rows}
             decisions = decide(stale)
             recovered = await conn.fetch(
                 self._q["job_recover_many"],
                 [d.id for d in decisions],
+                [tokens[d.id] for d in decisions],
                 [d.dead for d in decisions],
                 [d.delay_s for d in decisions],
                 [d.note for d in decisions],

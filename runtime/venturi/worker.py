@@ -17,6 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import uuid
 from collections import Counter, deque
@@ -55,6 +56,8 @@ DEFAULT_BACKSTOP = 25
 """Failed executions before a job goes dead if its task never decides to give up."""
 DEFAULT_PRIORITY_RATIO = 4
 DEFAULT_QUEUE = "default"
+PREFETCH_MAX_FACTOR = 4
+"""Most jobs held ahead of free slots, as a multiple of concurrency (short jobs only)."""
 RENEW_FRACTION = 1 / 3
 """Leases are renewed after this fraction of their length: two renewals can fail in a row."""
 
@@ -66,6 +69,17 @@ def _ewma(previous: float | None, sample: float, alpha: float = 0.2) -> float:
 def default_concurrency() -> int:
     """`max(1, min(8, cores // 2))`: conservative; raise it for I/O-bound handlers."""
     return max(1, min(8, (os.cpu_count() or 1) // 2))
+
+
+def prefetch_depth(concurrency: int, handler_s: float | None, claim_s: float | None) -> int:
+    """How many jobs to hold ahead of free slots: enough to keep every slot busy for one
+    claim round trip (at least `concurrency`, at most `PREFETCH_MAX_FACTOR` times it), but
+    only while handlers run shorter than that round trip (then the round trip, not the work,
+    is the limit); none for long jobs, which other workers should get instead."""
+    if handler_s is None or claim_s is None or handler_s >= claim_s:
+        return 0
+    per_round_trip = math.ceil(concurrency * claim_s / max(handler_s, 1e-6))
+    return min(PREFETCH_MAX_FACTOR * concurrency, max(concurrency, per_round_trip))
 
 
 @dataclass(eq=False)
@@ -366,17 +380,9 @@ class Worker(Generic[AppT]):
                     w.cancel()
 
     def _prefetch_depth(self) -> int:
-        """How many jobs to hold ahead of free slots: a batch, but only while handlers run
-        shorter than a claim round trip (then the round trip, not the work, is the limit);
-        never for long jobs, which other workers should get instead."""
-        if (
-            not self.prefetch
-            or self._handler_ewma is None
-            or self._claim_ewma is None
-            or self._handler_samples < self.concurrency  # warm up: a few runs say little
-        ):
-            return 0
-        return self.concurrency if self._handler_ewma < self._claim_ewma else 0
+        if not self.prefetch or self._handler_samples < self.concurrency:
+            return 0  # warm up first: a few runs say little
+        return prefetch_depth(self.concurrency, self._handler_ewma, self._claim_ewma)
 
     def _room(self) -> int:
         """Jobs to claim now: free slots plus prefetch room, or 0 while the buffer still

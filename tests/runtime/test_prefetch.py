@@ -7,6 +7,7 @@ import asyncio
 from dataclasses import dataclass
 
 from venturi import Context, JobStatus, Outcome, Queue, Task, Worker
+from venturi.worker import prefetch_depth
 
 from .helpers import running, until, until_status
 
@@ -74,3 +75,13 @@ async def test_without_prefetch_only_free_slots_are_claimed(queue: Queue) -> Non
         assert job is not None and job.status is JobStatus.PENDING and job.run_count == 0
         release.set()
         await until_status(queue, ids[21], JobStatus.COMPLETED)
+
+
+def test_prefetch_depth_covers_one_claim_round_trip_within_bounds() -> None:
+    assert prefetch_depth(16, None, 0.002) == 0  # nothing measured yet
+    assert prefetch_depth(16, 0.5, 0.002) == 0  # long jobs: other workers should get them
+    assert prefetch_depth(16, 0.002, 0.002) == 0  # as long as a claim: no gain
+    assert prefetch_depth(16, 0.0015, 0.002) == 22  # 16 slots x 2/1.5 round trips, rounded up
+    assert prefetch_depth(16, 0.0019, 0.002) == 17
+    assert prefetch_depth(16, 0.00005, 0.002) == 64  # no-op handlers: capped at 4x slots
+    assert prefetch_depth(1, 0.0, 0.002) == 4

@@ -89,9 +89,14 @@ ORDER BY c.priority DESC, c.run_at, c.id;
 
 -- job_settle_many --
 -- Settle a batch of outcomes and write their journal rows in one statement. Each row is
--- guarded by its claim token: a job recovered and reclaimed elsewhere is left untouched.
--- 'returned' hands back a prefetched job that never started: pending again, its claim not
--- counted as a run, and nothing journaled (nothing happened to it).
+-- guarded by its claim token (set by each claim, cleared by every settle and recovery, so a
+-- matching token means "still claimed by this claim"): a job recovered and reclaimed
+-- elsewhere is left untouched. 'returned' hands back a prefetched job that never started:
+-- pending again, its claim not counted as a run, and nothing journaled.
+-- Plan-proof on purpose: jobs are matched to outcomes on id and token only (a status filter
+-- would let a cached generic plan, guessing the batch holds 10 rows and "claimed" none, loop
+-- over the lease index once per outcome), and the journal reads the update's RETURNING
+-- instead of joining. tests/runtime/test_plans.py keeps these statements linear.
 WITH s AS (
     SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::text[], $4::float8[], $5::text[],
                          $6::bool[], $7::text[], $8::text[], $9::float8[])
@@ -109,16 +114,14 @@ WITH s AS (
         claim_token = NULL,
         lease_until = NULL
     FROM s
-    -- The redundant = ANY($1) lets the planner probe the primary key, whatever it
-    -- guesses about unnest()'s row count.
-    WHERE j.id = s.id AND j.id = ANY ($1::uuid[])
-      AND j.claim_token = s.token AND j.status = 'claimed'
-    RETURNING j.id, j.kind, j.run_count, j.status
+    WHERE j.id = s.id AND j.claim_token = s.token
+    RETURNING j.id, j.kind, j.run_count, j.status,
+              s.outcome, s.note, s.attachment, s.duration_s
 ), journal AS (
     INSERT INTO {prefix}_journal (job_id, run, outcome, note, attachment, duration_s, worker)
-    SELECT s.id, settled.run_count, s.outcome, s.note, s.attachment::jsonb, s.duration_s, $10
-    FROM s JOIN settled ON settled.id = s.id
-    WHERE s.outcome <> 'returned'
+    SELECT id, run_count, outcome, note, attachment::jsonb, duration_s, $10
+    FROM settled
+    WHERE outcome <> 'returned'
 ), woken AS (
     SELECT pg_notify($11, kind) FROM (SELECT DISTINCT kind FROM settled
                                       WHERE status = 'pending') AS kinds
@@ -131,13 +134,12 @@ SELECT settled.id, (SELECT count(*) FROM woken) AS woken FROM settled;
 UPDATE {prefix}_jobs AS j
 SET lease_until = now() + make_interval(secs => r.lease_s)
 FROM unnest($1::uuid[], $2::uuid[], $3::float8[]) AS r(id, token, lease_s)
-WHERE j.id = r.id AND j.id = ANY ($1::uuid[])
-  AND j.claim_token = r.token AND j.status = 'claimed'
+WHERE j.id = r.id AND j.claim_token = r.token  -- id and token only: see job_settle_many
 RETURNING j.id;
 
 -- job_select_stale --
 -- Lock claimed jobs whose lease expired (their worker died or hung), oldest first.
-SELECT id, kind, run_count, failures, backoff_base_s, backoff_cap_s, claimed_by
+SELECT id, kind, run_count, failures, backoff_base_s, backoff_cap_s, claimed_by, claim_token
 FROM {prefix}_jobs
 WHERE status = 'claimed' AND lease_until < now()
 ORDER BY lease_until
@@ -147,8 +149,8 @@ FOR UPDATE SKIP LOCKED;
 -- job_recover_many --
 -- Re-pend (with backoff) or kill (backstop reached) jobs locked by job_select_stale.
 WITH r AS (
-    SELECT * FROM unnest($1::uuid[], $2::bool[], $3::float8[], $4::text[])
-        AS r(id, dead, delay_s, note)
+    SELECT * FROM unnest($1::uuid[], $2::uuid[], $3::bool[], $4::float8[], $5::text[])
+        AS r(id, token, dead, delay_s, note)
 ), recovered AS (
     UPDATE {prefix}_jobs AS j SET
         status = CASE WHEN r.dead THEN 'dead' ELSE 'pending' END,
@@ -159,14 +161,13 @@ WITH r AS (
         claim_token = NULL,
         lease_until = NULL
     FROM r
-    WHERE j.id = r.id AND j.id = ANY ($1::uuid[]) AND j.status = 'claimed'
-    RETURNING j.id, j.kind, j.run_count, j.status
+    WHERE j.id = r.id AND j.claim_token = r.token  -- still the claim that expired (see settle)
+    RETURNING j.id, j.kind, j.run_count, j.status, r.note
 ), journal AS (
     INSERT INTO {prefix}_journal (job_id, run, outcome, note, worker)
-    SELECT r.id, recovered.run_count, 'stale_recovered', r.note, $5
-    FROM r JOIN recovered ON recovered.id = r.id
+    SELECT id, run_count, 'stale_recovered', note, $6 FROM recovered
 ), woken AS (
-    SELECT pg_notify($6, kind) FROM (SELECT DISTINCT kind FROM recovered
+    SELECT pg_notify($7, kind) FROM (SELECT DISTINCT kind FROM recovered
                                      WHERE status = 'pending') AS kinds
 )
 SELECT recovered.id, recovered.kind, recovered.status, (SELECT count(*) FROM woken) AS woken
