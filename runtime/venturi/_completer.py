@@ -25,8 +25,9 @@ FLUSH_DELAY = 0.002
 """Seconds to wait for more settlements after the first one of a batch arrives."""
 MAX_BATCH = 1000
 """Most settlements written by one statement."""
-MAX_BUFFERED = 10_000
-"""Past this many waiting settlements, `settle()` waits: backpressure, bounded memory."""
+MAX_BUFFERED = 2 * MAX_BATCH
+"""Past this many waiting settlements, `settle()` waits (and with it the freed slot): claims
+never run far ahead of what the database has recorded, and memory stays bounded."""
 RETRY_DELAY_MAX = 5.0
 """Seconds; cap on the wait between attempts when the database is unreachable."""
 CLOSING_ATTEMPTS = 5
@@ -67,9 +68,12 @@ class Completer:
         """Flush until `close()` has been called and the buffer is empty."""
         while True:
             await self._has_items.wait()
-            if not self._closing:
-                await asyncio.sleep(self._flush_delay)
             while self._buffer:
+                if not self._closing and len(self._buffer) < MAX_BATCH:
+                    # Gather for a moment before every flush, not only the first of a burst:
+                    # under load each statement then carries more jobs, and a statement's
+                    # fixed cost (round trip, commit, triggers) is most of its cost.
+                    await asyncio.sleep(self._flush_delay)
                 batch = self._buffer[:MAX_BATCH]
                 del self._buffer[:MAX_BATCH]
                 self._room.set()

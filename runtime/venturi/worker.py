@@ -56,7 +56,7 @@ DEFAULT_BACKSTOP = 25
 """Failed executions before a job goes dead if its task never decides to give up."""
 DEFAULT_PRIORITY_RATIO = 4
 DEFAULT_QUEUE = "default"
-PREFETCH_MAX_FACTOR = 4
+PREFETCH_MAX_FACTOR = 8
 """Most jobs held ahead of free slots, as a multiple of concurrency (short jobs only)."""
 RENEW_FRACTION = 1 / 3
 """Leases are renewed after this fraction of their length: two renewals can fail in a row."""
