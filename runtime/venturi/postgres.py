@@ -213,14 +213,17 @@ class PostgresStore:
         await self._pool_or_raise().execute(self._q["job_insert"], *_insert_args(job), self.channel)
 
     async def insert_many(self, jobs: Sequence[NewJob]) -> None:
-        """Insert many jobs in one statement (one round trip)."""
+        """Insert many jobs of one named queue in one statement (one round trip)."""
         if not jobs:
             return
+        queue = jobs[0].queue
+        if any(j.queue != queue for j in jobs):
+            raise ValueError("insert_many: every job of a batch must belong to the same queue")
         await self._pool_or_raise().execute(
             self._q["job_insert_many"],
             [j.id for j in jobs],
             [j.kind for j in jobs],
-            [j.queue for j in jobs],
+            queue,
             [j.priority for j in jobs],
             _column([j.run_at for j in jobs]),
             _column([j.delay_s for j in jobs]),

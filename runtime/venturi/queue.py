@@ -32,6 +32,20 @@ DEFAULT_QUEUE = "default"
 
 _KINDS: dict[type[Any], str] = {}
 """Validated KIND per task class (validation is per class, not per job)."""
+_PLAIN: dict[type[Any], bool] = {}
+"""Per task class: True when it overrides none of the enqueue-time policy hooks, so the
+bulk path can skip calling them per job."""
+_HOOKS = ("priority", "lease", "backoff", "dedup_key")
+_NORMAL = int(Priority.NORMAL)
+
+
+def _plain(task_type: type[Any]) -> bool:
+    found = _PLAIN.get(task_type)
+    if found is None:
+        found = _PLAIN[task_type] = all(
+            getattr(task_type, hook) is getattr(Task, hook) for hook in _HOOKS
+        )
+    return found
 
 
 def new_ids(n: int) -> list[ULID]:
@@ -209,6 +223,16 @@ class Queue:
     ) -> NewJob:
         kind = _KINDS.get(type(task)) or _KINDS.setdefault(type(task), kind_of(type(task)))
         payload = codec.encode(task, kind=kind)
+        if _plain(type(task)):  # the hooks would all return their defaults
+            return NewJob(
+                id=job_id if job_id is not None else new_ids(1)[0],
+                kind=kind,
+                queue=self.queue,
+                priority=int(Priority(priority)) if priority is not None else _NORMAL,
+                payload=payload,
+                run_at=run_at,
+                delay_s=delay_s,
+            )
         tier = priority if priority is not None else task.priority()
         if type(tier) is not Priority:
             tier = Priority(tier)

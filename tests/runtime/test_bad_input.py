@@ -16,6 +16,7 @@ from venturi import (
     Outcome,
     PayloadError,
     PostgresStore,
+    Priority,
     Queue,
     Task,
     Worker,
@@ -107,6 +108,24 @@ async def test_duplicate_kind_fails_at_registration(store: PostgresStore) -> Non
 async def test_naive_datetime_is_rejected(queue: Queue) -> None:
     with pytest.raises(ValueError, match="timezone-aware"):
         await queue.enqueue_at(Order(order_id=1), datetime(2030, 1, 1))
+
+
+@dataclass
+class Urgent(Task):
+    KIND = "urgent"
+
+    def priority(self) -> Priority:
+        return 7  # type: ignore[return-value]  # what a typo in user code looks like
+
+
+async def test_invalid_priority_is_rejected_and_nothing_is_stored(queue: Queue) -> None:
+    with pytest.raises(ValueError, match="7 is not a valid Priority"):
+        await queue.enqueue(Order(order_id=1), priority=7)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="7 is not a valid Priority"):
+        await queue.enqueue_many([Order(order_id=2), Order(order_id=3)], priority=7)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="7 is not a valid Priority"):
+        await queue.enqueue(Urgent())
+    assert (await queue.stats()).pending == 0
 
 
 async def test_undecodable_payload_goes_dead_with_the_reason(queue: Queue) -> None:

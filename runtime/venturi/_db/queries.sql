@@ -14,16 +14,17 @@ WITH inserted AS (
 SELECT pg_notify($12, kind) FROM inserted;
 
 -- job_insert_many --
--- Enqueue many jobs in one statement (arrays + unnest), one notification per kind.
+-- Enqueue many jobs of one queue ($3) in one statement (arrays + unnest), one notification
+-- per kind.
 WITH inserted AS (
     INSERT INTO {prefix}_jobs (id, kind, queue, priority, run_at, payload,
                                lease_s, backoff_base_s, backoff_cap_s, dedup_key)
-    SELECT r.id, r.kind, r.queue, r.priority,
+    SELECT r.id, r.kind, $3, r.priority,
            coalesce(r.run_at, now() + make_interval(secs => coalesce(r.delay_s, 0))),
            r.payload::jsonb, r.lease_s, r.backoff_base_s, r.backoff_cap_s, r.dedup_key
-    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::smallint[], $5::timestamptz[],
+    FROM unnest($1::uuid[], $2::text[], $4::smallint[], $5::timestamptz[],
                 $6::float8[], $7::text[], $8::float8[], $9::float8[], $10::float8[], $11::text[])
-         AS r(id, kind, queue, priority, run_at, delay_s, payload,
+         AS r(id, kind, priority, run_at, delay_s, payload,
               lease_s, backoff_base_s, backoff_cap_s, dedup_key)
     RETURNING kind
 )
