@@ -257,6 +257,8 @@ class Queue:
 
     @staticmethod
     def _log(job: NewJob) -> None:
+        if not logger.isEnabledFor(logging.DEBUG):
+            return  # the hot path: skip building the record's extras
         logger.debug(
             "enqueued job %s (%s)",
             job.id,

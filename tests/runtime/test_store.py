@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 import asyncpg
+import pytest
 
 from venturi import PostgresStore, Queue, Task
 
@@ -35,3 +37,30 @@ async def test_with_prefix_shares_the_pool(store: PostgresStore, prefix: str) ->
     assert (await Queue(store).stats()).pending == 0  # separate queues in one database
     await other.close()
     assert (await Queue(store).stats()).pending == 0  # the owner's pool is still open
+
+
+async def test_concurrent_enqueues_share_the_held_connection_and_the_pool(
+    store: PostgresStore, prefix: str
+) -> None:
+    queue = Queue(store)
+    ids = await asyncio.gather(*(queue.enqueue(Ping()) for _ in range(200)))
+    assert len(set(ids)) == 200
+    assert (await queue.stats()).pending == 200
+
+
+async def test_enqueue_recovers_from_a_broken_connection(store: PostgresStore) -> None:
+    queue = Queue(store)
+    await queue.enqueue(Ping())  # the store now holds a connection for enqueues
+    async with store._pool_or_raise().acquire() as conn:
+        killed = await conn.fetchval(
+            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND application_name = 'venturi' AND state = 'idle'"
+        )
+    assert killed >= 1
+    # The enqueue that meets the dead connection fails loudly (nothing silently lost) ...
+    with pytest.raises((asyncpg.PostgresConnectionError, asyncpg.InterfaceError, OSError)):
+        await queue.enqueue(Ping())
+    # ... and the next one goes through on a fresh connection.
+    await queue.enqueue(Ping())
+    assert (await queue.stats()).pending == 2
