@@ -231,11 +231,14 @@ class PostgresStore:
                 self._held = await pool.acquire()
             try:
                 await self._held.execute(query, *args)
-            except (OSError, asyncpg.InterfaceError, asyncpg.PostgresConnectionError):
-                # The connection broke: hand it back (the pool replaces it), retry nothing
-                # here (the caller sees the error, as with any failed enqueue).
+            except BaseException as exc:
+                if isinstance(exc, asyncpg.PostgresError) and not isinstance(exc, _CONNECTION_LOST):
+                    raise  # the statement failed; the connection is fine
+                # Broken or cancelled mid-statement: drop the connection whatever its state
+                # (the pool opens a fresh one when needed). The caller sees the error, as
+                # with any failed enqueue; nothing is retried behind its back.
                 held, self._held = self._held, None
-                await pool.release(held)
+                held.terminate()
                 raise
 
     async def insert_many(self, jobs: Sequence[NewJob]) -> None:
@@ -563,6 +566,11 @@ def _journal(rows: Sequence[asyncpg.Record]) -> tuple[JournalEntry, ...]:
         )
         for r in rows
     )
+
+
+_CONNECTION_LOST = (asyncpg.PostgresConnectionError, asyncpg.OperatorInterventionError)
+"""Server errors after which a connection is not reused (class 08, and 57: shutdown,
+termination, cancellation)."""
 
 
 def _column(values: list[Any]) -> list[Any] | None:
