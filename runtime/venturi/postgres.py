@@ -264,6 +264,33 @@ class PostgresStore:
             self.channel,
         )
 
+    async def insert_plain(
+        self,
+        ids: Sequence[ULID],
+        kinds: Sequence[str],
+        queue: str,
+        priority: int,
+        payloads: Sequence[str],
+    ) -> None:
+        """`insert_many` for the common batch: due now, one priority, no per-job policy."""
+        if not ids:
+            return
+        await self._pool_or_raise().execute(
+            self._q["job_insert_many"],
+            ids,
+            kinds,
+            queue,
+            [priority] * len(ids),
+            None,
+            None,
+            payloads,
+            None,
+            None,
+            None,
+            None,
+            self.channel,
+        )
+
     async def insert_deduplicated(
         self, job: NewJob, decide: Callable[[ExistingJob], MergePlan]
     ) -> ULID:

@@ -39,6 +39,10 @@ _HOOKS = ("priority", "lease", "backoff", "dedup_key")
 _NORMAL = int(Priority.NORMAL)
 
 
+def _kind(task_type: type[Any]) -> str:
+    return _KINDS.get(task_type) or _KINDS.setdefault(task_type, kind_of(task_type))
+
+
 def _plain(task_type: type[Any]) -> bool:
     found = _PLAIN.get(task_type)
     if found is None:
@@ -162,6 +166,16 @@ class Queue:
         """
         tasks = list(tasks)
         ids = new_ids(len(tasks))
+        if all(_plain(type(t)) for t in tasks):
+            # The common case, without a record per job: no hooks to call, no dedup keys.
+            tier = int(Priority(priority)) if priority is not None else _NORMAL
+            kinds = [_kind(type(t)) for t in tasks]
+            payloads = [codec.encode(t, kind=k) for t, k in zip(tasks, kinds, strict=True)]
+            await self.store.insert_plain(ids, kinds, self.queue, tier, payloads)
+            for kind in kinds:
+                self.hooks.enqueued(kind)
+            logger.debug("enqueued %d jobs", len(ids))
+            return ids
         jobs = [
             self._new_job(t, priority=priority, job_id=i) for t, i in zip(tasks, ids, strict=True)
         ]
@@ -221,7 +235,7 @@ class Queue:
         delay_s: float | None = None,
         job_id: ULID | None = None,
     ) -> NewJob:
-        kind = _KINDS.get(type(task)) or _KINDS.setdefault(type(task), kind_of(type(task)))
+        kind = _kind(type(task))
         payload = codec.encode(task, kind=kind)
         if _plain(type(task)):  # the hooks would all return their defaults
             return NewJob(

@@ -1,4 +1,4 @@
-"""The store's construction paths: from an existing pool, and sharing a pool across prefixes."""
+"""The store: construction paths (own pool, caller's pool, shared prefixes) and its write paths."""
 
 from __future__ import annotations
 
@@ -7,8 +7,9 @@ from dataclasses import dataclass
 
 import asyncpg
 import pytest
+from ulid import ULID
 
-from venturi import PostgresStore, Queue, Task
+from venturi import PostgresStore, Priority, Queue, Task
 
 
 @dataclass
@@ -66,3 +67,32 @@ async def test_enqueue_recovers_from_a_broken_connection(store: PostgresStore) -
     # ... and the next one goes through on a fresh connection.
     await queue.enqueue(Ping())
     assert (await queue.stats()).pending == 2
+
+
+@dataclass
+class Slow(Task):
+    KIND = "slow"
+
+    def lease(self) -> float:
+        return 120.0
+
+
+async def test_enqueue_many_stores_policy_for_plain_and_hooked_classes(
+    store: PostgresStore, prefix: str
+) -> None:
+    queue = Queue(store)
+    plain = await queue.enqueue_many([Ping(), Ping()], priority=Priority.HIGH)
+    mixed = await queue.enqueue_many([Ping(), Slow()])  # one hooked class: the general path
+    rows = await store._pool_or_raise().fetch(
+        f"SELECT id, kind, queue, priority, lease_s, payload::text FROM {prefix}_jobs"
+    )
+    by_id = {ULID.from_bytes(r["id"].bytes): r for r in rows}
+    assert len(by_id) == 4
+    assert [by_id[i]["priority"] for i in plain] == [2, 2]
+    assert [by_id[i]["lease_s"] for i in plain] == [None, None]
+    assert [(by_id[i]["kind"], by_id[i]["lease_s"]) for i in mixed] == [
+        ("ping", None),
+        ("slow", 120),
+    ]
+    assert {r["queue"] for r in rows} == {"default"}
+    assert {r["payload"] for r in rows} == {"{}"}
