@@ -123,6 +123,24 @@ async def test_with_computes_payload_carry_and_priority(queue: Queue) -> None:
     assert [e.note for e in await queue.job_journal(first)] == ["with", "with"]
 
 
+async def test_a_merged_job_sees_its_merges_in_its_first_runs_history(queue: Queue) -> None:
+    seen: list[list[tuple[JournalOutcome, str | None]]] = []
+
+    async def handle(task: Ping, ctx: Context[None], app: None) -> Outcome:
+        seen.append([(e.outcome, e.note) for e in ctx.history])
+        return Outcome.completed()
+
+    merged = await queue.enqueue(Ping("h1"))
+    await queue.enqueue(Ping("h1"))
+    plain = await queue.enqueue(Ping("h2"))
+    worker = Worker(None, queue.store)
+    worker.register(Ping, handle)
+    async with running(worker):
+        await until_status(queue, merged, JobStatus.COMPLETED)
+        await until_status(queue, plain, JobStatus.COMPLETED)
+    assert sorted(seen) == [[], [(JournalOutcome.MERGED, "keep")]]
+
+
 async def test_independent_stores_siblings(queue: Queue) -> None:
     ids = {await queue.enqueue(Shard("k", part)) for part in range(3)}
     assert len(ids) == 3

@@ -74,17 +74,20 @@ WITH p0 AS (
     WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING j.id, j.kind, j.payload, j.carry, j.run_count, j.failures, j.claim_token,
               coalesce(j.lease_s, $8) AS lease_s, j.backoff_base_s, j.backoff_cap_s,
-              j.priority, j.run_at
+              j.priority, j.run_at, j.dedup_key
 )
 -- In claim order: a worker that holds some jobs back (prefetch) starts them in this order.
 SELECT c.id, c.kind, c.payload::text, c.carry::text, c.run_count, c.failures, c.claim_token,
        c.lease_s, c.backoff_base_s, c.backoff_cap_s,
        extract(epoch FROM now() - c.run_at)::float8 AS waited_s,
+       -- A first run has no history unless a merge journaled one (merges need a dedup
+       -- key), so most claims skip the journal entirely.
+       CASE WHEN c.run_count > 1 OR c.dedup_key IS NOT NULL THEN
        (SELECT jsonb_agg(jsonb_build_object(
                    'run', h.run, 'outcome', h.outcome, 'at', h.at, 'note', h.note,
                    'attachment', h.attachment, 'duration_s', h.duration_s,
                    'worker', h.worker) ORDER BY h.id)
-        FROM {prefix}_journal AS h WHERE h.job_id = c.id)::text AS history
+        FROM {prefix}_journal AS h WHERE h.job_id = c.id)::text END AS history
 FROM claimed AS c
 ORDER BY c.priority DESC, c.run_at, c.id;
 
