@@ -22,7 +22,7 @@ from venturi.postgres import PostgresStore
 logger = logging.getLogger(__name__)
 
 FLUSH_DELAY = 0.002
-"""Seconds to wait for more settlements after the first one of a batch arrives."""
+"""Seconds each flush waits for more settlements to join it (none once shutting down)."""
 MAX_BATCH = 1000
 """Most settlements written by one statement."""
 MAX_BUFFERED = 2 * MAX_BATCH
