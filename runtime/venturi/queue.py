@@ -47,7 +47,7 @@ def _plain(task_type: type[Any]) -> bool:
     found = _PLAIN.get(task_type)
     if found is None:
         found = _PLAIN[task_type] = all(
-            getattr(task_type, hook) is getattr(Task, hook) for hook in _HOOKS
+            getattr(task_type, hook, None) is getattr(Task, hook) for hook in _HOOKS
         )
     return found
 

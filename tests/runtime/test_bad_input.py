@@ -87,6 +87,11 @@ async def test_task_must_be_a_dataclass_with_a_kind(queue: Queue) -> None:
         await queue.enqueue(NotData())
     with pytest.raises(TypeError, match="must define KIND"):
         await queue.enqueue(NoKind())
+    with pytest.raises(TypeError, match="must be a dataclass"):
+        await queue.enqueue_many([Order(order_id=1), NotData()])
+    with pytest.raises(TypeError, match="must define KIND"):
+        await queue.enqueue_many([NoKind()])
+    assert (await queue.stats()).pending == 0  # a bad task in a batch stores nothing
     with pytest.raises(ValueError, match="KIND 'has space' is invalid"):
         Worker(None, queue.store).register(BadKind, lambda t, c, a: None)  # type: ignore[arg-type,return-value]
 
