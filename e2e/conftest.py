@@ -254,20 +254,13 @@ class Kubectl:
         timeout: float = 60,
         kubeconfig: str | None = None,
     ) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
+        return _run_tool(
+            "kubectl",
             [self.binary, f"--kubeconfig={kubeconfig or self.kubeconfig}", *args],
             input=input,
-            capture_output=True,
-            text=True,
+            check=check,
             timeout=timeout,
-            check=False,
         )
-        if check and result.returncode != 0:
-            raise CommandError(
-                f"kubectl {' '.join(args)} failed ({result.returncode}):\n"
-                f"{result.stdout}{result.stderr}"
-            )
-        return result
 
     def json(self, *args: str, kubeconfig: str | None = None) -> Object:
         data: Object = json.loads(self.run(*args, "-o", "json", kubeconfig=kubeconfig).stdout)
@@ -293,19 +286,29 @@ class Helm:
     kubeconfig: str
 
     def run(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [self.binary, f"--kubeconfig={self.kubeconfig}", *args],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
+        return _run_tool(
+            "helm", [self.binary, f"--kubeconfig={self.kubeconfig}", *args], timeout=timeout
         )
-        if result.returncode != 0:
-            raise CommandError(
-                f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stdout}"
-                f"{result.stderr}"
-            )
-        return result
+
+
+def _run_tool(
+    name: str,
+    argv: list[str],
+    *,
+    input: str | None = None,
+    check: bool = True,
+    timeout: float,
+) -> subprocess.CompletedProcess[str]:
+    """Run kubectl or helm; with `check`, a failure raises with the tool's own output."""
+    result = subprocess.run(
+        argv, input=input, capture_output=True, text=True, timeout=timeout, check=False
+    )
+    if check and result.returncode != 0:
+        raise CommandError(
+            f"{name} {' '.join(argv[2:])} failed ({result.returncode}):\n"
+            f"{result.stdout}{result.stderr}"
+        )
+    return result
 
 
 def condition(obj: Mapping[str, Any], type_: str) -> Mapping[str, Any] | None:

@@ -237,16 +237,6 @@ class Queue:
     ) -> NewJob:
         kind = _kind(type(task))
         payload = codec.encode(task, kind=kind)
-        if _plain(type(task)):  # the hooks would all return their defaults
-            return NewJob(
-                id=job_id if job_id is not None else new_ids(1)[0],
-                kind=kind,
-                queue=self.queue,
-                priority=int(Priority(priority)) if priority is not None else _NORMAL,
-                payload=payload,
-                run_at=run_at,
-                delay_s=delay_s,
-            )
         tier = priority if priority is not None else task.priority()
         if type(tier) is not Priority:
             tier = Priority(tier)
