@@ -5,6 +5,13 @@ trip per job is the largest throughput lever a Postgres queue has. Each row is g
 by its claim token, so a settlement for a job recovered elsewhere is dropped (and logged),
 never written over another worker's claim.
 
+Two kinds of failure are told apart. When the database is unreachable, the batch is kept
+and retried until it is back (nothing is lost: if the outage outlasts the leases, other
+workers recover the jobs and the guarded write then drops them). When the server refuses
+the batch for what it carries, one bad settlement must not fail the others: the batch is
+split until the offender stands alone, and that one is recorded as a failed execution with
+the server's reason instead.
+
 Called by the worker's executor; calls `PostgresStore.settle`.
 """
 
@@ -12,10 +19,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import uuid
+from collections.abc import Callable, Iterator
 
-import asyncpg
-
+from venturi._db.failures import describe, is_database_failure, is_refused_data
+from venturi._outage import Outage, next_delay
 from venturi._records import Settlement
 from venturi.postgres import PostgresStore
 
@@ -28,10 +36,16 @@ MAX_BATCH = 1000
 MAX_BUFFERED = 2 * MAX_BATCH
 """Past this many waiting settlements, `settle()` waits (and with it the freed slot): claims
 never run far ahead of what the database has recorded, and memory stays bounded."""
-RETRY_DELAY_MAX = 5.0
-"""Seconds; cap on the wait between attempts when the database is unreachable."""
 CLOSING_ATTEMPTS = 5
 """Attempts per batch once shutting down, before leaving the jobs to lease recovery."""
+
+
+class _Refused(Exception):
+    """The server refused a batch for its data (see `is_refused_data`)."""
+
+    def __init__(self, cause: BaseException) -> None:
+        super().__init__(describe(cause))
+        self.cause = cause
 
 
 class Completer:
@@ -40,48 +54,80 @@ class Completer:
         store: PostgresStore,
         *,
         worker: str,
+        outage: Outage | None = None,
         on_settled: Callable[[Settlement, bool], None] | None = None,
         flush_delay: float = FLUSH_DELAY,
     ) -> None:
         self._store = store
         self._worker = worker
+        self._outage = outage or Outage(worker)
         self._on_settled = on_settled
         self._flush_delay = flush_delay
         self._buffer: list[Settlement] = []
+        self._writing: list[Settlement] = []
         self._has_items = asyncio.Event()
         self._drained = asyncio.Event()
         self._drained.set()
         self._room = asyncio.Event()
         self._room.set()
         self._closing = False
+        self._closed = False
 
     async def settle(self, settlement: Settlement) -> None:
-        """Queue a settlement for the next flush."""
-        while len(self._buffer) >= MAX_BUFFERED:
+        """Queue a settlement for the next flush (waits while the buffer is full)."""
+        while len(self._buffer) >= MAX_BUFFERED and not self._closed:
             self._room.clear()
             await self._room.wait()
+        self.settle_nowait(settlement)
+
+    def settle_nowait(self, settlement: Settlement) -> None:
+        """Queue a settlement for the next flush, past the buffer's bound."""
+        if self._closed:
+            # Only a handler abandoned at shutdown finishes this late; its job was released.
+            logger.warning(
+                "job %s (%s): finished after shutdown; not recorded",
+                settlement.id,
+                settlement.kind,
+            )
+            return
         self._buffer.append(settlement)
         self._drained.clear()
         self._has_items.set()
 
+    def unwritten(self) -> Iterator[uuid.UUID]:
+        """Ids of jobs whose settlement is waiting or being written: still claimed in the
+        database, and still this worker's."""
+        for s in self._buffer:
+            yield s.id
+        for s in self._writing:
+            yield s.id
+
     async def run(self) -> None:
         """Flush until `close()` has been called and the buffer is empty."""
-        while True:
-            await self._has_items.wait()
-            while self._buffer:
-                if not self._closing and len(self._buffer) < MAX_BATCH:
-                    # Gather for a moment before every flush, not only the first of a burst:
-                    # under load each statement then carries more jobs, and a statement's
-                    # fixed cost (round trip, commit, triggers) is most of its cost.
-                    await asyncio.sleep(self._flush_delay)
-                batch = self._buffer[:MAX_BATCH]
-                del self._buffer[:MAX_BATCH]
-                self._room.set()
-                await self._write(batch)
-            self._has_items.clear()
-            self._drained.set()
-            if self._closing:
-                return
+        try:
+            while True:
+                await self._has_items.wait()
+                while self._buffer:
+                    if not self._closing and len(self._buffer) < MAX_BATCH:
+                        # Gather for a moment before every flush, not only the first of a
+                        # burst: under load each statement then carries more jobs, and a
+                        # statement's fixed cost (round trip, commit, triggers) is most of it.
+                        await asyncio.sleep(self._flush_delay)
+                    batch = self._buffer[:MAX_BATCH]
+                    del self._buffer[:MAX_BATCH]
+                    self._room.set()
+                    self._writing = batch
+                    try:
+                        await self._write(batch)
+                    finally:
+                        self._writing = []
+                self._has_items.clear()
+                self._drained.set()
+                if self._closing:
+                    return
+        finally:
+            self._closed = True
+            self._room.set()
 
     async def close(self) -> None:
         """Flush what is buffered and stop `run()`."""
@@ -90,33 +136,80 @@ class Completer:
         await self._drained.wait()
 
     async def _write(self, batch: list[Settlement]) -> None:
-        delay = 0.05
+        """Write `batch`; when its data is refused, split it to write every good row."""
+        try:
+            owned = await self._settle(batch)
+        except _Refused as refused:
+            if len(batch) > 1:
+                half = len(batch) // 2
+                await self._write(batch[:half])
+                await self._write(batch[half:])
+                return
+            await self._write_instead(batch[0], refused)
+            return
+        if owned is None:
+            return
+        self._report(batch, owned)
+
+    async def _write_instead(self, bad: Settlement, refused: _Refused) -> None:
+        reason = str(refused)
+        logger.error(
+            "job %s (%s): the database refused its %s outcome (%s); recording a failed "
+            "execution instead",
+            bad.id,
+            bad.kind,
+            bad.outcome,
+            reason,
+            extra={"job_id": str(bad.id), "kind": bad.kind},
+        )
+        if bad.unrecordable is None:
+            return  # nothing safer to write: the lease will bring the job back
+        replacement = bad.unrecordable(reason)
+        try:
+            owned = await self._settle([replacement])
+        except _Refused as again:
+            logger.error(
+                "job %s (%s): its failure could not be recorded either (%s); the lease "
+                "will bring it back",
+                bad.id,
+                bad.kind,
+                again,
+            )
+            return
+        if owned is not None:
+            self._report([replacement], owned)
+
+    async def _settle(self, batch: list[Settlement]) -> set[uuid.UUID] | None:
+        """The ids still owned, after retrying through outages; None if shutting down
+        without a database. Raises `_Refused` for data the server will never take."""
+        delay = 0.0
         attempts_while_closing = 0
         while True:
             try:
                 owned = await self._store.settle(batch, worker=self._worker)
-                break
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                # The database is unreachable (or cancelled the statement): keep the outcomes
-                # and retry. If the outage
-                # outlasts the leases, other workers recover the jobs and the guarded
-                # write then drops them: nothing is lost, nothing settled twice.
+            except Exception as exc:
+                if is_refused_data(exc):
+                    raise _Refused(exc) from exc
+                if not is_database_failure(exc):
+                    raise  # a bug in venturi: end the worker loudly
+                self._outage.failed(f"settling {len(batch)} jobs", exc)
                 if self._closing:
                     attempts_while_closing += 1
                     if attempts_while_closing > CLOSING_ATTEMPTS:
-                        # Shutting down with no database: leave the jobs to lease recovery.
                         logger.error(
                             "shutdown: could not settle %d jobs (%s); their leases will "
                             "expire and another worker will recover them",
                             len(batch),
-                            exc,
+                            describe(exc),
                         )
-                        return
-                logger.warning(
-                    "settling %d jobs failed, retrying in %.2fs: %s", len(batch), delay, exc
-                )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, RETRY_DELAY_MAX)
+                        return None
+                delay = next_delay(delay)
+                await self._outage.wait(delay)
+                continue
+            self._outage.ok()
+            return owned
+
+    def _report(self, batch: list[Settlement], owned: set[uuid.UUID]) -> None:
         for s in batch:
             kept = s.id in owned
             if not kept:

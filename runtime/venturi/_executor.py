@@ -2,12 +2,18 @@
 `Settlement` (the outcome the completer writes). Pure mapping plus the handler call:
 decoding, the four outcomes, backoff and backstop, the panic policy, and release on abort.
 
+Only a cancellation venturi asked for (shutdown, a lost lease) releases a job; anything
+else a handler raises, `CancelledError`, `KeyboardInterrupt` and `SystemExit` included, is
+that run's failure, so a handler can neither loop forever through releases nor take the
+worker, and every other job it runs, down with it.
+
 Called by the worker for each claimed job.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -38,6 +44,14 @@ class Registration:
     cap: int | None
 
 
+@dataclass(slots=True)
+class Abort:
+    """Why venturi stopped a run, set before it cancels the handler's task. A handler's
+    task cancelled with no reason here was not cancelled by venturi."""
+
+    reason: str | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Policy:
     """The worker settings that decide how failures settle."""
@@ -54,8 +68,9 @@ async def execute(
     app: Any,
     policy: Policy,
     cancelled: asyncio.Event,
+    abort: Abort,
 ) -> Settlement:
-    """Run `job` and return its settlement. Cancellation (a forced abort) becomes a release."""
+    """Run `job` and return its settlement. A forced abort by venturi becomes a release."""
     log_extra = {"job_id": str(job.id), "kind": job.kind}
     try:
         task = codec.decode(reg.task_type, job.payload)
@@ -77,20 +92,30 @@ async def execute(
     try:
         result = await reg.handler(task, ctx, app)
     except asyncio.CancelledError:
-        logger.warning(
-            "job %s (%s) aborted at shutdown, released", job.id, job.kind, extra=log_extra
-        )
+        reason = abort.reason
+        if reason is None:
+            current = asyncio.current_task()
+            if current is None or not current.cancelling():
+                # Raised by the handler itself: a failure, not a release (which would
+                # re-run it at once, forever, without the backstop ever applying).
+                stray = RuntimeError("the handler raised CancelledError; venturi did not cancel it")
+                return _failure(job, ctx, policy, stray, started, permanent=False)
+            reason = "cancelled from outside venturi (the event loop is shutting down?)"
+        logger.warning("job %s (%s) released: %s", job.id, job.kind, reason, extra=log_extra)
         return Settlement(
             job.id,
             job.claim_token,
             job.kind,
             "released",
-            note="aborted at shutdown after the grace period",
+            note=reason,
             duration_s=time.monotonic() - started,
         )
     except TaskError as exc:
         return _failure(job, ctx, policy, exc, started, permanent=exc.is_permanent)
-    except Exception as exc:
+    except (Exception, KeyboardInterrupt, SystemExit) as exc:
+        # KeyboardInterrupt and SystemExit from a handler are the handler's own (asyncio.run
+        # turns a real Ctrl-C into a cancellation of the main task, not an exception here):
+        # they fail this run, and the worker keeps running the others.
         logger.warning("job %s (%s) raised", job.id, job.kind, exc_info=True, extra=log_extra)
         permanent = policy.panic_policy is PanicPolicy.DEAD
         return _failure(job, ctx, policy, exc, started, permanent=permanent)
@@ -103,6 +128,7 @@ async def execute(
         exc = TypeError(f"handler returned {result!r}; expected an Outcome or None")
         permanent = policy.panic_policy is PanicPolicy.DEAD
         return _failure(job, ctx, policy, exc, started, permanent=permanent)
+    unrecordable = functools.partial(_unrecordable, job, policy, duration)
     if result.kind == "completed":
         return Settlement(
             job.id,
@@ -112,6 +138,7 @@ async def execute(
             note=result.note,
             attachment=attachment,
             duration_s=duration,
+            unrecordable=unrecordable,
         )
     carry_json, carry_error = _encode_carry(ctx)
     if carry_error is not None:
@@ -127,6 +154,7 @@ async def execute(
         note=result.note,
         attachment=attachment,
         duration_s=duration,
+        unrecordable=unrecordable,
     )
 
 
@@ -156,17 +184,35 @@ def _failure(
     *,
     permanent: bool,
 ) -> Settlement:
-    """A failed execution: dead when permanent or at the backstop, else retried with backoff."""
+    """The run failed with `exc`; its carry and attachment are kept."""
     message = exc.message if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
-    failures = job.failures + 1
     carry_json, _ = _encode_carry(ctx)
     attachment = ctx.attachment.decode() if ctx.attachment is not None else None
-    common: dict[str, Any] = {
-        "carry": carry_json,
-        "set_carry": carry_json is not None,
-        "attachment": attachment,
-        "duration_s": time.monotonic() - started,
-    }
+    duration = time.monotonic() - started
+    return _failed(
+        job,
+        policy,
+        message,
+        permanent=permanent,
+        carry=carry_json,
+        set_carry=carry_json is not None,
+        attachment=attachment,
+        duration_s=duration,
+        unrecordable=functools.partial(_unrecordable, job, policy, duration),
+    )
+
+
+def _unrecordable(job: ClaimedJob, policy: Policy, duration_s: float, reason: str) -> Settlement:
+    """A failed execution standing in for an outcome the database refused to store."""
+    message = f"the run's outcome could not be recorded: {reason}".replace("\x00", "\\0")
+    return _failed(job, policy, message, permanent=False, duration_s=duration_s)
+
+
+def _failed(
+    job: ClaimedJob, policy: Policy, message: str, *, permanent: bool, **common: Any
+) -> Settlement:
+    """A failed execution: dead when permanent or at the backstop, else retried with backoff."""
+    failures = job.failures + 1
     log_extra = {"job_id": str(job.id), "kind": job.kind}
     if permanent or (policy.backstop is not None and failures >= policy.backstop):
         if not permanent:

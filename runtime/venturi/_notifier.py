@@ -6,6 +6,9 @@ or quietly (a half-open socket): the first is seen by asyncpg's termination call
 second by a periodic probe with a timeout. After any reconnect the worker is woken once,
 since notifications sent while we were away are lost; `poll_max` bounds the rest.
 
+A lost connection is retried with a backoff capped at a second, whatever asyncpg raised;
+the loss is logged once, and its end once.
+
 Started by the worker; calls `PostgresStore.listen`.
 """
 
@@ -13,20 +16,21 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
+import time
 from collections.abc import Callable
 
-import asyncpg
-
+from venturi._db.failures import describe, is_database_failure
+from venturi._outage import next_delay
 from venturi.postgres import Listening, PostgresStore
 
 logger = logging.getLogger(__name__)
 
-PROBE_INTERVAL = 10.0
-"""Seconds between liveness probes of an idle LISTEN connection."""
+PROBE_INTERVAL = 5.0
+"""Seconds between liveness probes of an idle LISTEN connection: a half-open connection
+(its server wedged, or the network gone) is found within PROBE_INTERVAL + PROBE_TIMEOUT."""
 PROBE_TIMEOUT = 5.0
 """Seconds a probe may take before the connection is declared dead."""
-RECONNECT_DELAY_MAX = 5.0
-"""Seconds; cap on the wait between reconnection attempts."""
 
 
 class Notifier:
@@ -35,10 +39,14 @@ class Notifier:
         store: PostgresStore,
         on_notify: Callable[[str], None],
         *,
+        on_lease: Callable[[str, float], None] | None = None,
+        on_connected: Callable[[], None] | None = None,
         probe_interval: float = PROBE_INTERVAL,
     ) -> None:
         self._store = store
         self._on_notify = on_notify
+        self._on_lease = on_lease
+        self._on_connected = on_connected
         self._probe_interval = probe_interval
         self._lost = asyncio.Event()
         self.connected = asyncio.Event()
@@ -47,25 +55,46 @@ class Notifier:
 
     async def run(self) -> None:
         """Listen until cancelled, reconnecting with backoff whenever the connection drops."""
-        delay = 0.05
+        delay = 0.0
         first = True
+        lost_since: float | None = None
         while True:
             self._lost.clear()
             try:
-                async with self._store.listen(self._on_notify, self._lost.set) as listening:
+                async with self._store.listen(
+                    self._on_notify, self._lost.set, self._on_lease
+                ) as listening:
                     self.connected.set()
+                    if self._on_connected is not None:
+                        self._on_connected()  # the database answers: other loops retry now
                     if not first:
                         self.reconnects += 1
-                        logger.info("LISTEN connection re-established on %s", self._store.channel)
+                        logger.warning(
+                            "LISTEN connection re-established on %s after %.1fs",
+                            self._store.channel,
+                            time.monotonic() - (lost_since or time.monotonic()),
+                        )
                         self._on_notify("")  # wake: anything sent meanwhile was missed
                     first = False
-                    delay = 0.05
+                    lost_since = None
+                    delay = 0.0
                     await self._watch(listening)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
-                logger.warning("LISTEN connection failed: %s; retrying in %.2fs", exc, delay)
+            except Exception as exc:
+                if not is_database_failure(exc):
+                    raise
+                if lost_since is None:
+                    logger.warning(
+                        "LISTEN connection on %s failed: %s; reconnecting",
+                        self._store.channel,
+                        describe(exc),
+                    )
+                else:
+                    logger.debug("LISTEN reconnect failed: %s", describe(exc))
+            if lost_since is None:
+                lost_since = time.monotonic()
             self.connected.clear()
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, RECONNECT_DELAY_MAX)
+            delay = next_delay(delay)
+            await asyncio.sleep(delay * random.uniform(0.5, 1.0))
 
     async def _watch(self, listening: Listening) -> None:
         """Return when the connection is lost or a probe fails."""
@@ -78,7 +107,9 @@ class Notifier:
                 pass
             try:
                 await asyncio.wait_for(listening.probe(), PROBE_TIMEOUT)
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, TimeoutError) as exc:
-                logger.warning("LISTEN connection probe failed: %s", exc)
+            except Exception as exc:
+                if not is_database_failure(exc):
+                    raise
+                logger.warning("LISTEN connection probe failed: %s", describe(exc))
                 listening.abort()
                 return

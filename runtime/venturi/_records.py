@@ -6,6 +6,7 @@ The typed world (dataclasses, Context) lives above the store; these are what cro
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -64,6 +65,9 @@ class Settlement:
     note: str | None = None
     attachment: str | None = None
     duration_s: float | None = None
+    unrecordable: Callable[[str], Settlement] | None = None
+    """What to write instead if the database refuses this settlement's data: a failed
+    execution with the given reason (built by the executor, which knows the job's policy)."""
 
 
 @dataclass(frozen=True, slots=True)

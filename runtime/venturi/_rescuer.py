@@ -2,22 +2,31 @@
 
 Recovery is timeout-only (a lease is renewed while its handler is alive, so only dead or
 wedged workers lose jobs): the job re-pends with backoff and a `stale_recovered` journal
-entry, counted as a failed execution (the backstop applies). Every worker runs one; they
-contend safely through SKIP LOCKED. It sleeps until the earliest lease expires (bounded by
-`poll_max`), so a crashed worker's jobs come back right after their lease, not a poll later.
+entry, counted as a failed execution (the backstop applies). Every worker runs one for the
+queues it serves (so a job's recovery follows its own queue's policy); they contend safely
+through SKIP LOCKED.
 
-Started by the worker; calls `PostgresStore.recover_stale`.
+It sleeps until the earliest lease of its queues expires, so a crashed worker's jobs come
+back right after their lease, not a poll later. When it saw nothing claimed it would sleep
+`poll_max`, and miss the lease of a job another worker claims meanwhile; so a claim whose
+leases end sooner than any its worker already held announces them (one notification per
+busy period, not per claim), and `lease_announced` moves the wake-up earlier. No query
+runs while nothing is claimed, beyond one per `poll_max`.
+
+Started by the worker; calls `PostgresStore.next_lease_expiry` and `recover_stale`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import math
 
-import asyncpg
-
+from venturi._db.failures import is_database_failure
 from venturi._executor import Policy, job_backoff
 from venturi._hooks import Hooks
+from venturi._outage import Outage, next_delay
 from venturi._records import Recovery, StaleJob
 from venturi.backoff import retry_delay
 from venturi.postgres import PostgresStore
@@ -26,6 +35,8 @@ logger = logging.getLogger(__name__)
 
 EXPIRY_SLACK = 0.05
 """Seconds past the earliest expiry before looking, so the lease is surely over."""
+MAX_RECOVERY_DELAY = 315576000.0
+"""Seconds (10 years): the longest retry delay written, whatever a stored curve says."""
 
 
 def decide_recoveries(stale: list[StaleJob], policy: Policy) -> list[Recovery]:
@@ -42,39 +53,84 @@ def decide_recoveries(stale: list[StaleJob], policy: Policy) -> list[Recovery]:
             delay = retry_delay(
                 job_backoff(job, policy), failures, job.id.bytes, policy.jitter_fraction
             )
-            decisions.append(Recovery(job.id, False, delay, held))
+            if not math.isfinite(delay) or delay < 0:
+                delay = 0.0 if math.isnan(delay) or delay < 0 else MAX_RECOVERY_DELAY
+            decisions.append(Recovery(job.id, False, min(delay, MAX_RECOVERY_DELAY), held))
     return decisions
 
 
 class Rescuer:
     def __init__(
-        self, store: PostgresStore, policy: Policy, *, worker: str, poll_max: float, hooks: Hooks
+        self,
+        store: PostgresStore,
+        policy: Policy,
+        *,
+        queues: list[str],
+        worker: str,
+        poll_max: float,
+        hooks: Hooks,
+        outage: Outage | None = None,
     ):
         self._hooks = hooks
         self._store = store
         self._policy = policy
+        self._queues = queues
         self._worker = worker
         self._poll_max = poll_max
+        self._outage = outage or Outage(worker)
+        self._loop = asyncio.get_running_loop()
+        self._announced = math.inf
+        """Loop time by which an announced lease ends (inf: none since the last look)."""
+        self._rescheduled = asyncio.Event()
+
+    def lease_announced(self, queue: str, seconds: float) -> None:
+        """A worker claimed jobs of `queue` whose leases end in `seconds`: look by then."""
+        if queue not in self._queues:
+            return
+        at = self._loop.time() + seconds + EXPIRY_SLACK
+        if at < self._announced:
+            self._announced = at
+            self._rescheduled.set()
 
     async def run(self) -> None:
+        delay = 0.0
         while True:
             try:
                 wait = await self._sweep()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                logger.warning("stale-job recovery failed: %s", exc)
-                wait = min(self._poll_max, 1.0)
-            await asyncio.sleep(wait)
+            except Exception as exc:
+                if not is_database_failure(exc):
+                    raise
+                self._outage.failed("recovering expired leases", exc)
+                delay = next_delay(delay)
+                await self._outage.wait(delay)
+                continue
+            self._outage.ok()
+            delay = 0.0
+            await self._sleep(wait)
+
+    async def _sleep(self, wait: float) -> None:
+        """Sleep `wait` seconds, or until an announced lease ends sooner. Announcements
+        that arrived during the last look are kept: the look may have read before their
+        claim committed."""
+        deadline = self._loop.time() + wait
+        while (left := min(deadline, self._announced) - self._loop.time()) > 0:
+            self._rescheduled.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._rescheduled.wait(), left)
+        self._announced = math.inf  # the next look reads every lease claimed until now
 
     async def _sweep(self) -> float:
         """Recover what has expired; return seconds until the next look."""
         while True:
-            until = await self._store.next_lease_expiry()
+            until = await self._store.next_lease_expiry(self._queues)
             if until is None:
                 return self._poll_max
             if until > 0:
                 return min(until + EXPIRY_SLACK, self._poll_max)
             recovered = await self._store.recover_stale(
-                lambda stale: decide_recoveries(stale, self._policy), worker=self._worker
+                lambda stale: decide_recoveries(stale, self._policy),
+                queues=self._queues,
+                worker=self._worker,
             )
             for job_id, kind, status in recovered:
                 self._hooks.recovered(kind)

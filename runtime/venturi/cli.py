@@ -174,6 +174,16 @@ async def _worker(args: argparse.Namespace, store: PostgresStore) -> None:
         loop.add_signal_handler(sig, shutdown.set)
     print(f"venturi: worker {built.identity} serving {built.kinds}", file=sys.stderr)
     await built.run(shutdown)
+    if built.abandoned:
+        # Their jobs were released; waiting for handlers that ignore cancellation would
+        # keep the process alive forever (asyncio.run awaits every task it cancels).
+        print(
+            f"venturi: exiting without {built.abandoned} handlers that ignored cancellation",
+            file=sys.stderr,
+        )
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 async def _cleanup(args: argparse.Namespace, store: PostgresStore) -> None:

@@ -13,6 +13,7 @@ it runs the server as the `postgres` user (or creates a system user `venturi-pg`
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import glob
 import os
 import pwd
@@ -91,6 +92,27 @@ def _server_user() -> pwd.struct_passwd | None:
     return pwd.getpwnam("venturi-pg")
 
 
+def _children(pid: int) -> list[int]:
+    """Process ids whose parent is `pid` (Linux /proc)."""
+    found = []
+    for entry in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            fields = Path(entry).read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(entry.split("/")[2]))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -99,11 +121,25 @@ def free_port() -> int:
 
 
 class EmbeddedPostgres:
-    """A PostgreSQL server in a temporary directory, owned by this process."""
+    """A PostgreSQL server in a temporary directory, owned by this process.
 
-    def __init__(self, *, settings: dict[str, str] | None = None, port: int | None = None) -> None:
+    `halt(mode)` and `launch()` stop and start the same cluster again (same port and data),
+    for tests that take the database away under a running worker.
+    """
+
+    def __init__(
+        self,
+        *,
+        settings: dict[str, str] | None = None,
+        port: int | None = None,
+        listen_addresses: str = "127.0.0.1",
+        hba: list[str] | None = None,
+    ) -> None:
         self.settings = {**FAST_SETTINGS, **(settings or {})}
         self.port = port or free_port()
+        self.listen_addresses = listen_addresses
+        self.hba = list(hba or [])
+        """Extra pg_hba.conf lines (e.g. `host all all 10.0.0.0/30 trust`)."""
         self._dir: Path | None = None
         self._proc: subprocess.Popen[bytes] | None = None
 
@@ -113,7 +149,12 @@ class EmbeddedPostgres:
 
     @property
     def pid(self) -> int | None:
-        return self._proc.pid if self._proc else None
+        """The postmaster's process id while the server runs."""
+        return self._proc.pid if self._proc and self._proc.poll() is None else None
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._dir / "postgres.log" if self._dir else None
 
     def start(self) -> None:
         """Initialize and start the server; blocks until it accepts connections."""
@@ -126,8 +167,6 @@ class EmbeddedPostgres:
             os.chmod(self._dir, 0o755)
             for path in (self._dir, sockets):
                 os.chown(path, user.pw_uid, user.pw_gid)
-        uid = user.pw_uid if user else None
-        gid = user.pw_gid if user else None
         init = subprocess.run(
             [
                 str(bindir / "initdb"),
@@ -144,41 +183,54 @@ class EmbeddedPostgres:
             capture_output=True,
             text=True,
             cwd=self._dir,
-            user=uid,
-            group=gid,
+            user=user.pw_uid if user else None,
+            group=user.pw_gid if user else None,
         )
         if init.returncode != 0:
             self._cleanup()
             raise EmbeddedPostgresError(f"initdb failed: {init.stderr.strip() or init.stdout}")
+        if self.hba:
+            with (data / "pg_hba.conf").open("a") as conf:
+                conf.write("".join(f"{line}\n" for line in self.hba))
+        self.launch()
+
+    def launch(self) -> None:
+        """Start the server on its existing cluster; blocks until it accepts connections."""
+        if self._dir is None:
+            raise EmbeddedPostgresError("launch() needs an initialized cluster: call start()")
+        if self.pid is not None:
+            return
+        bindir = find_bindir()
+        user = _server_user()
         args = [
             str(bindir / "postgres"),
             "-D",
-            str(data),
+            str(self._dir / "data"),
             "-p",
             str(self.port),
             "-c",
-            "listen_addresses=127.0.0.1",
+            f"listen_addresses={self.listen_addresses}",
             "-c",
-            f"unix_socket_directories={sockets}",
+            f"unix_socket_directories={self._dir / 'sock'}",
         ]
         for key, value in self.settings.items():
             args += ["-c", f"{key}={value}"]
-        log = open(self._dir / "postgres.log", "wb")  # noqa: SIM115 - lives with the server
+        log = open(self._dir / "postgres.log", "ab")  # noqa: SIM115 - lives with the server
         self._proc = subprocess.Popen(
             args,
             stdout=log,
             stderr=subprocess.STDOUT,
             cwd=self._dir,
             start_new_session=True,
-            user=uid,
-            group=gid,
+            user=user.pw_uid if user else None,
+            group=user.pw_gid if user else None,
         )
         log.close()
         deadline = time.monotonic() + START_TIMEOUT
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
                 text = (self._dir / "postgres.log").read_text(errors="replace")
-                self._cleanup()
+                self._proc = None
                 raise EmbeddedPostgresError(f"postgres exited at start:\n{text[-2000:]}")
             ready = (
                 subprocess.run(
@@ -194,20 +246,41 @@ class EmbeddedPostgres:
                 with socket.socket() as s:
                     if s.connect_ex(("127.0.0.1", self.port)) == 0:
                         return
-            time.sleep(0.1)
+            time.sleep(0.05)
         self.stop()
         raise EmbeddedPostgresError(f"postgres did not accept connections in {START_TIMEOUT}s")
 
+    def halt(self, mode: str = "fast") -> None:
+        """Stop the server but keep its cluster, as an outage would: "fast" (sessions are
+        told and ended, a clean shutdown), "immediate" (no clean shutdown; crash recovery at
+        the next start) or "kill" (SIGKILL of the postmaster; its backends, orphaned, exit
+        on their own, and any still there after 10 s are killed too)."""
+        proc = self._proc
+        if proc is None or proc.poll() is not None:
+            self._proc = None
+            return
+        signals = {"fast": signal.SIGINT, "immediate": signal.SIGQUIT, "kill": signal.SIGKILL}
+        if mode not in signals:
+            raise ValueError(f"halt(mode): expected fast, immediate or kill, got {mode!r}")
+        children = _children(proc.pid) if mode == "kill" else []
+        proc.send_signal(signals[mode])
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        deadline = time.monotonic() + 10
+        while children and time.monotonic() < deadline:
+            children = [pid for pid in children if _alive(pid)]
+            time.sleep(0.02)
+        for pid in children:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+        self._proc = None
+
     def stop(self) -> None:
         """Stop the server (fast shutdown) and delete its directory. Safe to call twice."""
-        if self._proc is not None and self._proc.poll() is None:
-            self._proc.send_signal(signal.SIGINT)  # fast shutdown: abort sessions, clean stop
-            try:
-                self._proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
-        self._proc = None
+        self.halt("fast")
         self._cleanup()
 
     def _cleanup(self) -> None:

@@ -8,6 +8,7 @@ typed world above it (Queue, Worker) stays free of SQL.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import ssl as ssl_module
 import uuid
@@ -23,6 +24,7 @@ from ulid import ULID
 
 from venturi import codec
 from venturi._db import sql
+from venturi._db.failures import breaks_connection
 from venturi._records import (
     ClaimedJob,
     ExistingJob,
@@ -99,15 +101,25 @@ class PostgresStore:
     Several independent queues can share one database under different prefixes.
     """
 
-    def __init__(self, pool: asyncpg.Pool, *, prefix: str, owns_pool: bool) -> None:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        *,
+        prefix: str,
+        owns_pool: bool,
+        connect_args: tuple[str | None, dict[str, Any]] | None = None,
+    ) -> None:
         self._prefix = sql.validate_prefix(prefix)
         self._q = sql.queries(prefix)
         self._pool = pool
         self._owns_pool = owns_pool
+        self._connect_args = connect_args
+        """How the pool connects, so LISTEN can hold a connection of its own outside it."""
         self._closed = False
         # One connection of its own pool kept for single-row enqueues while no other
         # enqueue is using it: a pool acquire/release costs about a tenth of an enqueue.
-        # Contended calls take the pool as usual.
+        # Contended calls take the pool as usual; a pool of fewer than three connections
+        # keeps none (the worker's loops would starve).
         self._held: asyncpg.pool.PoolConnectionProxy[Any] | None = None
         self._held_lock = asyncio.Lock()
 
@@ -136,17 +148,16 @@ class PostgresStore:
         settings = {"application_name": application_name}
         if statement_timeout is not None:
             settings["statement_timeout"] = str(int(statement_timeout * 1000))
-        pool = await asyncpg.create_pool(
-            dsn,
-            min_size=min_size,
-            max_size=max_size,
-            ssl=ssl,
-            timeout=connect_timeout,
-            server_settings=settings,
-            reset=_keep_session,
+        options: dict[str, Any] = {
+            "ssl": ssl,
+            "timeout": connect_timeout,
+            "server_settings": settings,
             **connect_kwargs,
+        }
+        pool = await asyncpg.create_pool(
+            dsn, min_size=min_size, max_size=max_size, reset=_keep_session, **options
         )
-        return cls(pool, prefix=prefix, owns_pool=True)
+        return cls(pool, prefix=prefix, owns_pool=True, connect_args=(dsn, options))
 
     @classmethod
     def from_pool(cls, pool: asyncpg.Pool, *, prefix: str = DEFAULT_PREFIX) -> PostgresStore:
@@ -158,11 +169,26 @@ class PostgresStore:
 
     def with_prefix(self, prefix: str) -> PostgresStore:
         """Another queue namespace over the same pool (which this store keeps owning)."""
-        return PostgresStore(self._pool_or_raise(), prefix=prefix, owns_pool=False)
+        return PostgresStore(
+            self._pool_or_raise(),
+            prefix=prefix,
+            owns_pool=False,
+            connect_args=self._connect_args,
+        )
 
     @property
     def prefix(self) -> str:
         return self._prefix
+
+    @property
+    def pool_max_size(self) -> int:
+        """The most connections the pool opens."""
+        return int(self._pool.get_max_size())
+
+    @property
+    def listens_outside_pool(self) -> bool:
+        """True when LISTEN uses a connection of its own (stores made by `connect()`)."""
+        return self._connect_args is not None
 
     @property
     def channel(self) -> str:
@@ -196,6 +222,71 @@ class PostgresStore:
             raise StoreClosedError("PostgresStore is closed; create a new one")
         return self._pool
 
+    # Every statement runs through these instead of the pool's own shortcuts: a connection
+    # that failed mid-statement (the server went away, a reply was half read, a timeout or
+    # cancellation struck) is terminated instead of going back to the pool, where the next
+    # caller would trip over its leftover state ("cannot switch to state 12; another
+    # operation is in progress"). The pool has no reset query to catch that (see
+    # `_keep_session`), so this is where it is caught.
+
+    async def _fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
+        pool = self._pool_or_raise()
+        conn = await pool.acquire()
+        try:
+            return await conn.fetch(query, *args)
+        except BaseException as exc:
+            _discard_if_broken(conn, exc)
+            raise
+        finally:
+            await _release(pool, conn)
+
+    async def _fetchval(self, query: str, *args: Any) -> Any:
+        pool = self._pool_or_raise()
+        conn = await pool.acquire()
+        try:
+            return await conn.fetchval(query, *args)
+        except BaseException as exc:
+            _discard_if_broken(conn, exc)
+            raise
+        finally:
+            await _release(pool, conn)
+
+    async def _fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
+        pool = self._pool_or_raise()
+        conn = await pool.acquire()
+        try:
+            return await conn.fetchrow(query, *args)
+        except BaseException as exc:
+            _discard_if_broken(conn, exc)
+            raise
+        finally:
+            await _release(pool, conn)
+
+    async def _execute(self, query: str, *args: Any) -> None:
+        pool = self._pool_or_raise()
+        conn = await pool.acquire()
+        try:
+            await conn.execute(query, *args)
+        except BaseException as exc:
+            _discard_if_broken(conn, exc)
+            raise
+        finally:
+            await _release(pool, conn)
+
+    @asynccontextmanager
+    async def _transaction(self) -> AsyncIterator[asyncpg.pool.PoolConnectionProxy[Any]]:
+        """A pooled connection inside a transaction, discarded if it breaks."""
+        pool = self._pool_or_raise()
+        conn = await pool.acquire()
+        try:
+            async with conn.transaction():
+                yield conn
+        except BaseException as exc:
+            _discard_if_broken(conn, exc)
+            raise
+        finally:
+            await _release(pool, conn)
+
     # -- schema ----------------------------------------------------------------------
 
     async def migrate(self) -> list[int]:
@@ -205,7 +296,7 @@ class PostgresStore:
         transaction under an advisory lock keyed by the prefix.
         """
         applied_now: list[int] = []
-        async with self._pool_or_raise().acquire() as conn, conn.transaction():
+        async with self._transaction() as conn:
             await conn.execute(self._q["lock_migrations"], _lock_key(self._prefix))
             await conn.execute(self._q["migration_table_create"])
             done = {r[0] for r in await conn.fetch(self._q["migration_list"])}
@@ -222,9 +313,9 @@ class PostgresStore:
     async def insert(self, job: NewJob) -> None:
         query, args = self._q["job_insert"], (*_insert_args(job), self.channel)
         pool = self._pool_or_raise()
-        if self._held_lock.locked() or not self._owns_pool:
+        if self._held_lock.locked() or not self._owns_pool or self.pool_max_size < 3:
             # Contended, or the caller's pool (which must close even if this store is not).
-            await pool.execute(query, *args)
+            await self._execute(query, *args)
             return
         async with self._held_lock:
             if self._held is None:
@@ -232,13 +323,14 @@ class PostgresStore:
             try:
                 await self._held.execute(query, *args)
             except BaseException as exc:
-                if isinstance(exc, asyncpg.PostgresError) and not isinstance(exc, _CONNECTION_LOST):
+                if not breaks_connection(exc):
                     raise  # the statement failed; the connection is fine
                 # Broken or cancelled mid-statement: drop the connection whatever its state
                 # (the pool opens a fresh one when needed). The caller sees the error, as
                 # with any failed enqueue; nothing is retried behind its back.
                 held, self._held = self._held, None
                 held.terminate()
+                await _release(pool, held)
                 raise
 
     async def insert_many(self, jobs: Sequence[NewJob]) -> None:
@@ -248,7 +340,7 @@ class PostgresStore:
         queue = jobs[0].queue
         if any(j.queue != queue for j in jobs):
             raise ValueError("insert_many: every job of a batch must belong to the same queue")
-        await self._pool_or_raise().execute(
+        await self._execute(
             self._q["job_insert_many"],
             [j.id for j in jobs],
             [j.kind for j in jobs],
@@ -275,7 +367,7 @@ class PostgresStore:
         """`insert_many` for the common batch: due now, one priority, no per-job policy."""
         if not ids:
             return
-        await self._pool_or_raise().execute(
+        await self._execute(
             self._q["job_insert_many"],
             ids,
             kinds,
@@ -301,7 +393,7 @@ class PostgresStore:
         enqueues end as the merge policy says, never with two rows where it said one.
         """
         assert job.dedup_key is not None
-        async with self._pool_or_raise().acquire() as conn, conn.transaction():
+        async with self._transaction() as conn:
             await conn.execute(self._q["dedup_lock"], _dedup_lock_key(self._prefix, job))
             row = await conn.fetchrow(
                 self._q["job_find_pending_duplicate"], job.kind, job.dedup_key
@@ -337,10 +429,17 @@ class PostgresStore:
         default_lease_s: float,
         reserved_low: int = 0,
         reserved_normal: int = 0,
+        held_lease_s: float | None = None,
     ) -> list[ClaimedJob]:
         """Claim up to `limit` jobs; `reserved_low` of the slots go to LOW jobs first and
-        `reserved_normal` to NORMAL-or-LOW ones (anti-starvation), the rest to any tier."""
-        rows = await self._pool_or_raise().fetch(
+        `reserved_normal` to NORMAL-or-LOW ones (anti-starvation), the rest to any tier.
+
+        `held_lease_s` is how long the shortest lease this worker already holds has left
+        (None: it holds none). A claim whose leases end sooner than that announces them
+        (`listen(on_lease=...)`), so every other worker's rescuer knows when to look:
+        one notification per busy period, not per claim (see `Rescuer`).
+        """
+        rows = await self._fetch(
             self._q["job_claim"],
             queue,
             list(kinds),
@@ -350,28 +449,30 @@ class PostgresStore:
             worker,
             pod,
             default_lease_s,
+            held_lease_s,
+            self.channel,
         )
         return [
             ClaimedJob(
-                id=r[0],
-                kind=r[1],
-                payload=r[2],
-                carry=r[3],
-                run_count=r[4],
-                failures=r[5],
-                claim_token=r[6],
-                lease_s=r[7],
-                backoff_base_s=r[8],
-                backoff_cap_s=r[9],
-                waited_s=r[10],
-                history=_history(r[11]),
+                id=r["id"],
+                kind=r["kind"],
+                payload=r["payload"],
+                carry=r["carry"],
+                run_count=r["run_count"],
+                failures=r["failures"],
+                claim_token=r["claim_token"],
+                lease_s=r["lease_s"],
+                backoff_base_s=r["backoff_base_s"],
+                backoff_cap_s=r["backoff_cap_s"],
+                waited_s=r["waited_s"],
+                history=_history(r["history"]),
             )
             for r in rows
         ]
 
     async def settle(self, settlements: Sequence[Settlement], *, worker: str) -> set[uuid.UUID]:
         """Write outcomes and journal rows; returns the ids this worker still owned."""
-        rows = await self._pool_or_raise().fetch(
+        rows = await self._fetch(
             self._q["job_settle_many"],
             [s.id for s in settlements],
             [s.claim_token for s in settlements],
@@ -391,28 +492,50 @@ class PostgresStore:
         self, ids: Sequence[uuid.UUID], tokens: Sequence[uuid.UUID], lease_s: Sequence[float]
     ) -> set[uuid.UUID]:
         """Extend leases; returns the ids still owned (the rest were recovered elsewhere)."""
-        rows = await self._pool_or_raise().fetch(
+        rows = await self._fetch(
             self._q["job_renew_leases"], list(ids), list(tokens), list(lease_s)
         )
         return {r[0] for r in rows}
+
+    async def release_unheld(
+        self, *, worker: str, held: Sequence[uuid.UUID], note: str
+    ) -> list[tuple[uuid.UUID, str]]:
+        """Hand back every job the database says `worker` holds but it does not: a claim
+        whose reply was lost with the connection. Journaled as `released` (not a failure),
+        eligible at once. Returns (id, kind) of each job released."""
+        rows = await self._fetch(
+            self._q["job_release_unheld"], worker, list(held), note, self.channel
+        )
+        return [(r["id"], r["kind"]) for r in rows]
 
     async def recover_stale(
         self,
         decide: Callable[[list[StaleJob]], list[Recovery]],
         *,
+        queues: Sequence[str],
         worker: str,
         limit: int = 500,
     ) -> list[tuple[uuid.UUID, str, JobStatus]]:
-        """Recover jobs whose lease expired: lock them, let `decide` (pure) choose, write.
-
-        Returns (id, kind, new status) for each recovered job.
+        """Recover jobs of `queues` whose lease expired: lock them, let `decide` (pure)
+        choose, write. Returns (id, kind, new status) for each recovered job.
         """
-        async with self._pool_or_raise().acquire() as conn, conn.transaction():
-            rows = await conn.fetch(self._q["job_select_stale"], limit)
+        async with self._transaction() as conn:
+            rows = await conn.fetch(self._q["job_select_stale"], limit, list(queues))
             if not rows:
                 return []
-            stale = [StaleJob(r[0], r[1], r[2], r[3], r[4], r[5], r[6]) for r in rows]
-            tokens = {r[0]: r[7] for r in rows}
+            stale = [
+                StaleJob(
+                    id=r["id"],
+                    kind=r["kind"],
+                    run_count=r["run_count"],
+                    failures=r["failures"],
+                    backoff_base_s=r["backoff_base_s"],
+                    backoff_cap_s=r["backoff_cap_s"],
+                    claimed_by=r["claimed_by"],
+                )
+                for r in rows
+            ]
+            tokens = {r["id"]: r["claim_token"] for r in rows}
             decisions = decide(stale)
             recovered = await conn.fetch(
                 self._q["job_recover_many"],
@@ -424,31 +547,42 @@ class PostgresStore:
                 worker,
                 self.channel,
             )
-        return [(r[0], r[1], JobStatus(r[2])) for r in recovered]
+        return [(r["id"], r["kind"], JobStatus(r["status"])) for r in recovered]
 
-    async def next_lease_expiry(self) -> float | None:
-        """Seconds until the earliest lease expires (negative if already expired)."""
-        value: float | None = await self._pool_or_raise().fetchval(self._q["lease_next_expiry"])
+    async def next_lease_expiry(self, queues: Sequence[str]) -> float | None:
+        """Seconds until the earliest lease in `queues` expires (negative if already
+        expired; None when nothing is claimed there)."""
+        value: float | None = await self._fetchval(self._q["lease_next_expiry"], list(queues))
         return value
 
     async def next_due(self, kinds: Sequence[str]) -> float | None:
         """Seconds until the next scheduled job of these kinds becomes eligible."""
-        value: float | None = await self._pool_or_raise().fetchval(
-            self._q["job_next_due"], list(kinds)
-        )
+        value: float | None = await self._fetchval(self._q["job_next_due"], list(kinds))
         return value
 
     @asynccontextmanager
     async def listen(
-        self, on_notify: Callable[[str], None], on_lost: Callable[[], None]
+        self,
+        on_notify: Callable[[str], None],
+        on_lost: Callable[[], None],
+        on_lease: Callable[[str, float], None] | None = None,
     ) -> AsyncIterator[Listening]:
         """Hold one connection LISTENing on the store's channel.
 
-        `on_notify(kind)` runs for every notification; `on_lost()` when the connection
-        terminates. Yields a handle to probe the connection for liveness.
+        `on_notify(kind)` runs for every job made claimable (an empty kind: any);
+        `on_lease(queue, seconds)` for a claim that took leases ending sooner than any its
+        worker held; `on_lost()` when the connection terminates. Yields a handle to probe
+        the connection for liveness.
         """
+
+        def control(_prefix: str, payload: str) -> None:
+            if on_lease is None or not payload.startswith(_LEASE_NOTICE):
+                return
+            _, seconds, queue = payload.split(" ", 2)
+            on_lease(queue, float(seconds))
+
         async with self.listen_queues(
-            [self._prefix], lambda _prefix, kind: on_notify(kind), on_lost
+            [self._prefix], lambda _prefix, kind: on_notify(kind), on_lost, on_control=control
         ) as listening:
             yield listening
 
@@ -458,38 +592,67 @@ class PostgresStore:
         prefixes: Sequence[str],
         on_notify: Callable[[str, str], None],
         on_lost: Callable[[], None],
+        *,
+        on_control: Callable[[str, str], None] | None = None,
     ) -> AsyncIterator[Listening]:
         """One connection LISTENing on the channels of several queues of this database
         (`on_notify(prefix, kind)`): a watcher of many queues holds one connection, not one
-        per queue."""
+        per queue. Notifications that are not about a kind (they start with "!") go to
+        `on_control(prefix, payload)`, if given.
+
+        A store opened by `connect()` listens on a connection of its own, outside the pool
+        (LISTEN is session state, and a long-held pooled connection would shrink the pool
+        the worker's loops and handlers share); a `from_pool` store takes one from the pool.
+        """
         channels = {f"{sql.validate_prefix(p)}_jobs": p for p in prefixes}
 
         def notified(_conn: object, _pid: int, channel: str, payload: object) -> None:
-            on_notify(channels[channel], str(payload))
+            text = str(payload)
+            if text.startswith("!"):
+                if on_control is not None:
+                    on_control(channels[channel], text)
+            else:
+                on_notify(channels[channel], text)
 
         def terminated(_conn: object) -> None:
             on_lost()
 
-        async with self._pool_or_raise().acquire() as conn:
+        pool = self._pool_or_raise()
+        if self._connect_args is not None:
+            dsn, options = self._connect_args
+            options = {k: v for k, v in options.items() if k not in _POOL_ONLY}
+            settings = dict(options.get("server_settings") or {})
+            settings["application_name"] = settings.get("application_name", "venturi") + " listen"
+            options["server_settings"] = settings
+            conn: Any = await asyncpg.connect(dsn, **options)
+        else:
+            conn = await pool.acquire()
+        try:
             conn.add_termination_listener(terminated)
-            try:
-                for channel in channels:
-                    await conn.add_listener(channel, notified)
-                yield Listening(conn, self._q["connection_probe"])
-            finally:
+            for channel in channels:
+                await conn.add_listener(channel, notified)
+            yield Listening(conn, self._q["connection_probe"])
+        finally:
+            # Close rather than UNLISTEN channel by channel: it cannot be interrupted
+            # half-way (by a cancellation at shutdown). A pooled connection that died is
+            # already back in its pool (detached from this proxy), and has nothing to close.
+            if self._connect_args is not None:
                 conn.remove_termination_listener(terminated)
-                # Close rather than UNLISTEN channel by channel: it cannot be interrupted
-                # half-way (by a cancellation at shutdown), and the pool replaces it.
                 conn.terminate()
+            else:
+                if not _detached(conn):
+                    conn.remove_termination_listener(terminated)
+                    conn.terminate()
+                await _release(pool, conn)
 
     # -- operations ------------------------------------------------------------------
 
     async def get_job(self, job_id: ULID | uuid.UUID) -> Job | None:
-        row = await self._pool_or_raise().fetchrow(self._q["job_get"], _as_uuid(job_id))
+        row = await self._fetchrow(self._q["job_get"], _as_uuid(job_id))
         return None if row is None else _job(row)
 
     async def list_jobs(self, f: HistoryFilter) -> list[Job]:
-        rows = await self._pool_or_raise().fetch(
+        rows = await self._fetch(
             self._q["job_list"],
             f.status.value if f.status is not None else None,
             f.kind,
@@ -512,7 +675,7 @@ class PostgresStore:
         `on_batch(total_so_far)` reports progress."""
         total = 0
         while True:
-            n: int = await self._pool_or_raise().fetchval(
+            n: int = await self._fetchval(
                 self._q["job_cleanup_batch"],
                 c.finished_before,
                 c.kind,
@@ -526,11 +689,11 @@ class PostgresStore:
                 return total
 
     async def journal(self, job_id: ULID | uuid.UUID) -> list[JournalEntry]:
-        rows = await self._pool_or_raise().fetch(self._q["journal_list_for_job"], _as_uuid(job_id))
+        rows = await self._fetch(self._q["journal_list_for_job"], _as_uuid(job_id))
         return list(_journal(rows))
 
     async def stats(self) -> Stats:
-        rows = await self._pool_or_raise().fetch(self._q["stats"])
+        rows = await self._fetch(self._q["stats"])
         pending: dict[str, int] = {}
         scheduled: dict[str, int] = {}
         claimed: dict[str, int] = {}
@@ -595,9 +758,29 @@ def _journal(rows: Sequence[asyncpg.Record]) -> tuple[JournalEntry, ...]:
     )
 
 
-_CONNECTION_LOST = (asyncpg.PostgresConnectionError, asyncpg.OperatorInterventionError)
-"""Server errors after which a connection is not reused (class 08, and 57: shutdown,
-termination, cancellation)."""
+_LEASE_NOTICE = "!lease "
+"""Payload prefix of a claim's lease announcement: "!lease <seconds> <queue>"."""
+_POOL_ONLY = frozenset({"setup", "init", "max_queries", "max_inactive_connection_lifetime"})
+"""Pool arguments that a single connection does not take."""
+
+
+def _discard_if_broken(conn: asyncpg.pool.PoolConnectionProxy[Any], exc: BaseException) -> None:
+    """Terminate a pooled connection that failed mid-statement (see `PostgresStore._fetch`)."""
+    if breaks_connection(exc) and not _detached(conn):
+        conn.terminate()
+
+
+def _detached(conn: Any) -> bool:
+    """True once the pool took the connection back (it died, or was released)."""
+    return getattr(conn, "_con", None) is None
+
+
+async def _release(pool: asyncpg.Pool, conn: asyncpg.pool.PoolConnectionProxy[Any]) -> None:
+    """Give a connection back to its pool; a dead or detached one is simply dropped (the pool
+    opens another when needed), and the release never masks the caller's own error."""
+    # When the release's rollback or reset fails, asyncpg has terminated the connection.
+    with contextlib.suppress(asyncpg.InterfaceError, asyncpg.PostgresError, OSError, TimeoutError):
+        await pool.release(conn)
 
 
 def _column(values: list[Any]) -> list[Any] | None:
@@ -630,7 +813,7 @@ def _dedup_lock_key(prefix: str, job: NewJob) -> int:
 class Listening:
     """A live LISTEN connection, as `PostgresStore.listen` yields it."""
 
-    def __init__(self, conn: asyncpg.pool.PoolConnectionProxy[Any], probe_sql: str) -> None:
+    def __init__(self, conn: Any, probe_sql: str) -> None:
         self._conn = conn
         self._probe_sql = probe_sql
 

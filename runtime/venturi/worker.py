@@ -10,6 +10,13 @@ One worker runs five loops: the claim loop and lease renewal (here), the complet
 The claim loop claims for free slots, plus (only while handlers are shorter than a claim's
 round trip) one batch ahead; capped kinds are never claimed beyond their cap, so their
 work stays pending rather than claimed-and-idle.
+
+No loop ends because the database went away: each retries (backoff capped at a second,
+the outage logged once) and resumes as soon as any of them gets through. After a claim
+failed mid-flight the worker reconciles what the database says it holds with what it runs,
+and hands back the difference (a claim whose reply was lost). A job whose lease cannot be
+renewed is aborted before the lease ends, so no other worker can run it meanwhile. Only a
+bug in venturi ends `run()`, with its traceback.
 """
 
 from __future__ import annotations
@@ -24,12 +31,12 @@ from collections import Counter, deque
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-import asyncpg
-
 from venturi._completer import Completer
-from venturi._executor import Handler, Policy, Registration, execute
+from venturi._db.failures import is_database_failure
+from venturi._executor import Abort, Handler, Policy, Registration, execute
 from venturi._hooks import metrics_hooks
 from venturi._notifier import Notifier
+from venturi._outage import Outage, next_delay
 from venturi._records import ClaimedJob, Settlement
 from venturi._rescuer import Rescuer
 from venturi._slots import plan_slots
@@ -60,6 +67,14 @@ PREFETCH_MAX_FACTOR = 8
 """Most jobs held ahead of free slots, as a multiple of concurrency (short jobs only)."""
 RENEW_FRACTION = 1 / 3
 """Leases are renewed after this fraction of their length: two renewals can fail in a row."""
+LEASE_MARGIN_MAX = 5.0
+"""Seconds; a job whose lease could not be renewed is aborted this long (or a tenth of its
+lease, if less) before the lease ends, so it has stopped before any other worker can take it."""
+ABANDON_AFTER = 1.0
+"""Seconds a handler gets to stop once its task is cancelled at shutdown; one that ignores
+the cancellation is then abandoned (its job released) so that `run()` returns."""
+MIN_POOL_SIZE = 2
+"""Fewest pool connections a worker runs on (a `from_pool` store also LISTENs on one)."""
 
 
 def _ewma(previous: float | None, sample: float, alpha: float = 0.2) -> float:
@@ -88,9 +103,24 @@ class _Running:
     reg: Registration
     cancelled: asyncio.Event
     renewed_at: float
-    """Loop time of the claim or the last renewal."""
+    """Loop time just before the claim or the last renewal was sent (so the lease surely
+    lasts until `renewed_at + lease_s` by the database's clock too)."""
     task: asyncio.Task[None] | None = None
     lost: bool = False
+    abort: Abort = field(default_factory=Abort)
+
+    @property
+    def abort_at(self) -> float:
+        """Loop time by which the job must have stopped unless its lease is renewed."""
+        lease = self.job.lease_s
+        return self.renewed_at + lease - min(lease * 0.1, LEASE_MARGIN_MAX)
+
+    def stop(self, reason: str) -> None:
+        """Abort the handler now (the executor turns this into a release)."""
+        self.abort.reason = self.abort.reason or reason
+        self.cancelled.set()
+        if self.task is not None:
+            self.task.cancel()
 
 
 @dataclass
@@ -114,6 +144,8 @@ class Worker(Generic[AppT]):
     - `priority_ratio`: anti-starvation ratio between tiers (4); `None` is strict priority.
     - `panic_policy`: how unexpected exceptions settle: `PanicPolicy.RETRY` or `DEAD`.
     - `queue`: the named queue this worker serves ("default").
+    - `identity`: who the worker is, on every claim and journal entry (`host:pid#tag`, and
+      the pod name in Kubernetes); each Worker gets its own, and two must never share one.
     - `metrics`: record Prometheus metrics (needs `venturi[metrics]`); `metrics_port`
       also serves them on /metrics from this process, on `metrics_host` (all interfaces).
     - `prefetch`: while handlers run shorter than a claim's round trip, claim up to one
@@ -194,7 +226,12 @@ class Worker(Generic[AppT]):
         self._counters = _Counters()
         self._slot_counter = 0
         self._completer: Completer | None = None
+        self._rescuer: Rescuer | None = None
+        self._outage = Outage(str(self.identity))
+        self._unsure = False
+        """A claim failed in flight: it may have committed. Reconcile before claiming again."""
         self.notifier: Notifier | None = None
+        self._abandoned: list[asyncio.Task[None]] = []
         self.ready = asyncio.Event()
         """Set once the worker listens and claims (tests and health checks await it)."""
 
@@ -240,6 +277,13 @@ class Worker(Generic[AppT]):
         """Jobs running right now."""
         return len(self._running)
 
+    @property
+    def abandoned(self) -> int:
+        """Handlers given up on at shutdown because they ignored cancellation (their jobs
+        were released). They may still run: a process should exit without awaiting them
+        (`asyncio.run` would wait for them forever); `venturi worker` does."""
+        return sum(1 for t in self._abandoned if not t.done())
+
     # -- running ---------------------------------------------------------------------
 
     async def run(self, shutdown: asyncio.Event | None = None) -> None:
@@ -247,17 +291,34 @@ class Worker(Generic[AppT]):
         stop claiming, raise the cooperative cancel, wait up to `shutdown_timeout`, abort
         and release stragglers, flush every settlement. Cancelling `run()` itself does
         the same without the grace period.
+
+        A database that is down when the worker starts, or goes away later, is waited for;
+        only a bug in venturi ends `run()` early, by raising it (after draining).
         """
         if self._started:
             raise RuntimeError("a Worker runs once; create a new one")
         if not self._registry:
             raise ValueError("no task registered: call worker.register(TaskType, handler) first")
+        self._check_pool()
         self._started = True
         identity = str(self.identity)
-        self._completer = Completer(self.store, worker=identity, on_settled=self._on_settled)
-        self.notifier = Notifier(self.store, self._on_notify)
-        rescuer = Rescuer(
-            self.store, self.policy, worker=identity, poll_max=self.poll_max, hooks=self.hooks
+        self._completer = Completer(
+            self.store, worker=identity, outage=self._outage, on_settled=self._on_settled
+        )
+        self._rescuer = Rescuer(
+            self.store,
+            self.policy,
+            queues=[self.queue],
+            worker=identity,
+            poll_max=self.poll_max,
+            hooks=self.hooks,
+            outage=self._outage,
+        )
+        self.notifier = Notifier(
+            self.store,
+            self._on_notify,
+            on_lease=self._rescuer.lease_announced,
+            on_connected=self._outage.ok,
         )
         if self.metrics_port is not None:
             from venturi import metrics
@@ -269,28 +330,39 @@ class Worker(Generic[AppT]):
         background = [
             asyncio.create_task(self._completer.run(), name="venturi-completer"),
             asyncio.create_task(self.notifier.run(), name="venturi-notifier"),
-            asyncio.create_task(rescuer.run(), name="venturi-rescuer"),
+            asyncio.create_task(self._rescuer.run(), name="venturi-rescuer"),
             asyncio.create_task(self._renew_loop(), name="venturi-renewer"),
         ]
-        claim_loop = asyncio.create_task(self._claim_loop(), name="venturi-claimer")
+        claim_loop: asyncio.Task[None] | None = None
         stop = asyncio.create_task((shutdown or asyncio.Event()).wait(), name="venturi-shutdown")
         graceful = True
         try:
-            await asyncio.wait_for(self.notifier.connected.wait(), timeout=30)
-            self.ready.set()
-            done, _ = await asyncio.wait(
-                {claim_loop, stop, *background}, return_when=asyncio.FIRST_COMPLETED
-            )
-            for task in done - {stop}:
-                task.result()  # the loops only end by raising: fail loudly, after draining
+            # Claim once LISTEN is up, so no notification sent after the first claim is missed.
+            connected = asyncio.create_task(self.notifier.connected.wait())
+            try:
+                await asyncio.wait(
+                    {connected, stop, *background}, return_when=asyncio.FIRST_COMPLETED
+                )
+            finally:
+                connected.cancel()
+            if not stop.done() and not any(t.done() for t in background):
+                self.ready.set()
+                claim_loop = asyncio.create_task(self._claim_loop(), name="venturi-claimer")
+                await asyncio.wait(
+                    {claim_loop, stop, *background}, return_when=asyncio.FIRST_COMPLETED
+                )
+            for task in (claim_loop, *background):
+                if task is not None and task.done():
+                    task.result()  # the loops only end by raising a bug: fail loudly
         except asyncio.CancelledError:
             graceful = False
             raise
         finally:
             self._stopping = True
             stop.cancel()
-            claim_loop.cancel()
-            await asyncio.gather(claim_loop, stop, return_exceptions=True)
+            if claim_loop is not None:
+                claim_loop.cancel()
+            await asyncio.gather(*filter(None, [claim_loop, stop]), return_exceptions=True)
             completer_task = background[0]
             if completer_task.done():
                 # Nothing can write outcomes any more: the leases will bring the jobs back.
@@ -309,13 +381,26 @@ class Worker(Generic[AppT]):
                 dict(self._counters.settled),
             )
 
+    def _check_pool(self) -> None:
+        """Refuse a pool too small to run on (it would hang, not fail)."""
+        size = self.store.pool_max_size
+        need = MIN_POOL_SIZE + (0 if self.store.listens_outside_pool else 1)
+        if size < need:
+            raise ValueError(
+                f"the store's pool has max_size={size}; a worker needs at least {need} "
+                f"connections (its loops and its handlers' enqueues share them"
+                + ("" if self.store.listens_outside_pool else ", and LISTEN holds one")
+                + "): PostgresStore.connect(..., max_size=N)"
+            )
+
     async def _drain(self, graceful: bool) -> None:
         assert self._completer is not None
         while self._buffer:
             r = self._buffer.popleft()
-            await self._completer.settle(
-                Settlement(r.job.id, r.job.claim_token, r.job.kind, "returned")
-            )
+            if not r.lost:
+                await self._completer.settle(
+                    Settlement(r.job.id, r.job.claim_token, r.job.kind, "returned")
+                )
         if not self._running:
             return
         logger.info("shutdown: %d jobs running, asking them to wind down", len(self._running))
@@ -326,16 +411,57 @@ class Worker(Generic[AppT]):
             _, pending = await asyncio.wait(tasks, timeout=self.shutdown_timeout)
         else:
             pending = {t for t in tasks if not t.done()}
-        for task in pending:
-            task.cancel()
+        stragglers = [r for r in self._running.values() if r.task in pending]
+        for r in stragglers:
+            r.stop("aborted at shutdown after the grace period")
         if pending:
             logger.warning("shutdown: aborting %d jobs after the grace period", len(pending))
-        # Executors turn the abort into a release settlement; wait for all of them.
-        await asyncio.gather(*tasks, return_exceptions=True)
+            # Executors turn the abort into a release settlement; a handler that swallows
+            # the cancellation is given up on, so shutdown always ends.
+            _, stubborn = await asyncio.wait(pending, timeout=ABANDON_AFTER)
+            for r in stragglers:
+                if r.task in stubborn:
+                    self._abandon(r)
+
+    def _abandon(self, r: _Running) -> None:
+        """Release the job of a handler that ignores cancellation, and stop waiting for it."""
+        assert self._completer is not None
+        job = r.job
+        logger.error(
+            "shutdown: job %s (%s): the handler ignored cancellation for %.0fs; released "
+            "without it (the handler may still be running in this process)",
+            job.id,
+            job.kind,
+            ABANDON_AFTER,
+            extra={"job_id": str(job.id), "kind": job.kind},
+        )
+        self._forget(r)
+        if r.task is not None:
+            self._abandoned.append(r.task)
+        # Buffered synchronously: the completer's close() flushes it.
+        self._completer.settle_nowait(
+            Settlement(
+                job.id,
+                job.claim_token,
+                job.kind,
+                "released",
+                note="the handler ignored cancellation at shutdown; abandoned",
+            )
+        )
+
+    def _forget(self, r: _Running) -> None:
+        """Stop counting a running job (once, whichever of its exit or abandonment is first)."""
+        if self._running.pop(r.job.id, None) is None:
+            return
+        self._running_by_kind[r.job.kind] -= 1
+        self.hooks.running(r.job.kind, -1)
 
     def _on_notify(self, kind: str) -> None:
         if not kind or kind in self._registry:
             self._wake.set()
+        if not kind and self._rescuer is not None:
+            # LISTEN (re)connected: leases announced meanwhile were missed; look again now.
+            self._rescuer.lease_announced(self.queue, 0.0)
 
     def _on_settled(self, settlement: Settlement, kept: bool) -> None:
         outcome = settlement.outcome if kept else "lost"
@@ -345,6 +471,7 @@ class Worker(Generic[AppT]):
     async def _claim_loop(self) -> None:
         kinds_all = self.kinds
         identity = str(self.identity)
+        retry_delay = 0.0
         while not self._stopping:
             # Cleared before looking at capacity, so a slot freed during the awaits below
             # is never missed.
@@ -355,16 +482,25 @@ class Worker(Generic[AppT]):
             if want > 0 and kinds:
                 self._wake.clear()
                 try:
+                    if self._unsure:
+                        await self._reconcile(identity)
                     claimed = await self._claim(kinds, want, identity)
-                except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                    logger.warning("claim failed: %s; retrying", exc)
-                    timeout = min(1.0, self.poll_max)
-                else:
-                    if len(claimed) >= want:
-                        continue  # maybe more: claim again once there is room
-                    due = await self._next_due(kinds)
-                    if due is not None:
-                        timeout = min(timeout, max(due, 0.0))
+                except Exception as exc:
+                    if not is_database_failure(exc):
+                        raise
+                    # The claim may have committed with its reply lost: reconcile first.
+                    self._unsure = True
+                    self._outage.failed("claiming", exc)
+                    retry_delay = next_delay(retry_delay)
+                    await self._outage.wait(retry_delay)
+                    continue
+                self._outage.ok()
+                retry_delay = 0.0
+                if len(claimed) >= want:
+                    continue  # maybe more: claim again once there is room
+                due = await self._next_due(kinds)
+                if due is not None:
+                    timeout = min(timeout, max(due, 0.0))
             if self._slot_freed.is_set() and len(self._running) < self.concurrency:
                 continue  # a job finished during this round: its slot may unblock work
             # Wait for a notification, the next due job, or (when capacity is what holds
@@ -401,8 +537,31 @@ class Worker(Generic[AppT]):
     async def _next_due(self, kinds: list[str]) -> float | None:
         try:
             return await self.store.next_due(kinds)
-        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
-            return None
+        except Exception as exc:
+            if not is_database_failure(exc):
+                raise
+            self._outage.failed("reading the next due time", exc)
+            return min(1.0, self.poll_max)  # look again soon
+
+    async def _reconcile(self, identity: str) -> None:
+        """Release what the database says this worker holds and it does not run: claims
+        that committed while their reply was lost. Held means running, prefetched, or
+        settled but not yet written."""
+        assert self._completer is not None
+        held = [*self._running, *(r.job.id for r in self._buffer), *self._completer.unwritten()]
+        released = await self.store.release_unheld(
+            worker=identity,
+            held=held,
+            note="claimed while the connection failed; the claim's reply was lost",
+        )
+        self._unsure = False
+        for job_id, kind in released:
+            logger.warning(
+                "job %s (%s): released a claim whose reply was lost",
+                job_id,
+                kind,
+                extra={"job_id": str(job_id), "kind": kind},
+            )
 
     async def _claim(self, kinds: list[str], limit: int, identity: str) -> list[ClaimedJob]:
         """Claim up to `limit` jobs: capped kinds get their own claims, bounded by free
@@ -433,19 +592,28 @@ class Worker(Generic[AppT]):
                 default_lease_s=self.lease,
                 reserved_low=low,
                 reserved_normal=normal,
+                held_lease_s=self._shortest_held_lease(began),
             )
             self._claim_ewma = _ewma(self._claim_ewma, loop.time() - began)
             self._slot_counter += len(claimed)
             for job in claimed:
-                self._accept(job)
+                self._accept(job, began)
             claimed_all.extend(claimed)
         return claimed_all
 
-    def _accept(self, job: ClaimedJob) -> None:
+    def _shortest_held_lease(self, now: float) -> float | None:
+        """Seconds until the earliest lease this worker holds ends (None: it holds none).
+        A claim whose leases end sooner announces them to the other workers' rescuers."""
+        ends = [
+            r.renewed_at + r.job.lease_s
+            for r in (*self._running.values(), *self._buffer)
+            if not r.lost
+        ]
+        return min(ends) - now if ends else None
+
+    def _accept(self, job: ClaimedJob, claimed_at: float) -> None:
         """Start a claimed job now, or hold it in the prefetch buffer."""
-        running = _Running(
-            job, self._registry[job.kind], asyncio.Event(), asyncio.get_running_loop().time()
-        )
+        running = _Running(job, self._registry[job.kind], asyncio.Event(), claimed_at)
         self._counters.claimed += 1
         self.hooks.claimed(job.kind, job.waited_s)
         if len(self._running) < self.concurrency and not self._buffer:
@@ -474,15 +642,16 @@ class Worker(Generic[AppT]):
         loop = asyncio.get_running_loop()
         began = loop.time()
         try:
-            settlement = await execute(job, running.reg, self.app, self.policy, running.cancelled)
+            settlement = await execute(
+                job, running.reg, self.app, self.policy, running.cancelled, running.abort
+            )
             self._handler_ewma = _ewma(self._handler_ewma, loop.time() - began)
             self._handler_samples += 1
             assert self._completer is not None
-            await self._completer.settle(settlement)
+            if job.id in self._running:  # else abandoned at shutdown: already released
+                await self._completer.settle(settlement)
         finally:
-            del self._running[job.id]
-            self._running_by_kind[job.kind] -= 1
-            self.hooks.running(job.kind, -1)
+            self._forget(running)
             while self._buffer and not self._stopping and len(self._running) < self.concurrency:
                 nxt = self._buffer.popleft()
                 if not nxt.lost:
@@ -490,46 +659,73 @@ class Worker(Generic[AppT]):
             self._slot_freed.set()
 
     async def _renew_loop(self) -> None:
-        """Keep the leases of running jobs alive; flag jobs whose claim was lost.
+        """Keep the leases of running (and prefetched) jobs alive; stop jobs whose lease was
+        lost or is about to end unrenewed.
 
-        Each job is renewed a third of its lease after its last renewal (or its claim);
-        a newly started job wakes this loop, so a short lease is never overlooked.
+        Each job is renewed a third of its lease after its last renewal (or its claim); a
+        newly started job wakes this loop, so a short lease is never overlooked. While the
+        database is unreachable, renewal is retried; a job whose lease would end before a
+        renewal succeeds is aborted first (`_Running.abort_at`), and a renewal is never
+        waited for past that point, so no other worker can recover a job still running here.
         """
         loop = asyncio.get_running_loop()
+        failed_at: float | None = None
+        delay = 0.0
         while True:
             self._running_changed.clear()
-            running = [r for r in (*self._running.values(), *self._buffer) if not r.lost]
-            if running:
-                due = min(r.renewed_at + r.job.lease_s * RENEW_FRACTION for r in running)
-                wait = due - loop.time()
-            else:
-                wait = None
-            if wait is None or wait > 0:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._running_changed.wait(), wait)
-                continue
             now = loop.time()
-            try:
-                owned = await self.store.renew_leases(
-                    [r.job.id for r in running],
-                    [r.job.claim_token for r in running],
-                    [r.job.lease_s for r in running],
-                )
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-                logger.warning("lease renewal failed: %s", exc)
-                await asyncio.sleep(min(1.0, min(r.job.lease_s for r in running) * 0.1))
+            held = [r for r in (*self._running.values(), *self._buffer) if not r.lost]
+            for r in held:
+                if now >= r.abort_at:
+                    self._lose(r, "its lease could not be renewed in time (database unreachable)")
+            held = [r for r in held if not r.lost]
+            if not held:
+                await self._running_changed.wait()
                 continue
-            for r in running:
+            deadline = min(r.abort_at for r in held)
+            if failed_at is not None:
+                due = failed_at + delay
+            else:
+                due = min(r.renewed_at + r.job.lease_s * RENEW_FRACTION for r in held)
+            if min(due, deadline) > now:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._running_changed.wait(), min(due, deadline) - now)
+                continue
+            try:
+                owned = await asyncio.wait_for(
+                    self.store.renew_leases(
+                        [r.job.id for r in held],
+                        [r.job.claim_token for r in held],
+                        [r.job.lease_s for r in held],
+                    ),
+                    max(deadline - now, 0.05),
+                )
+            except Exception as exc:
+                if not is_database_failure(exc):
+                    raise
+                self._outage.failed("renewing leases", exc)
+                failed_at = loop.time()
+                delay = min(next_delay(delay), min(r.job.lease_s for r in held) * 0.1)
+                continue
+            self._outage.ok()
+            failed_at = None
+            delay = 0.0
+            for r in held:
                 if r.job.id in owned:
                     r.renewed_at = now
-                elif r in self._buffer:
-                    r.lost = True  # never started; just drop it (skipped when dequeued)
-                elif r.job.id in self._running:
-                    r.lost = True
-                    r.cancelled.set()  # the handler should stop: its work no longer counts
-                    logger.warning(
-                        "job %s (%s): lease lost (recovered by another worker)",
-                        r.job.id,
-                        r.job.kind,
-                        extra={"job_id": str(r.job.id), "kind": r.job.kind},
-                    )
+                else:
+                    self._lose(r, "its lease was lost (recovered by another worker)")
+
+    def _lose(self, r: _Running, why: str) -> None:
+        """This worker no longer (or soon no longer) owns `r`'s job: stop it."""
+        r.lost = True
+        if r.job.id not in self._running:
+            return  # prefetched, never started: dropped when dequeued; recovery takes it
+        logger.warning(
+            "job %s (%s): aborted: %s",
+            r.job.id,
+            r.job.kind,
+            why,
+            extra={"job_id": str(r.job.id), "kind": r.job.kind},
+        )
+        r.stop(f"aborted: {why}")

@@ -72,7 +72,7 @@ async def test_batch_statements_stay_linear_under_generic_plans(pg_dsn: str, pre
         def decide(stale: list[StaleJob]) -> list[Recovery]:
             return [Recovery(s.id, False, 0.0, "lease expired") for s in stale]
 
-        recovered = await store.recover_stale(decide, worker="w")
+        recovered = await store.recover_stale(decide, queues=["default"], worker="w")
     finally:
         await store.close()
 

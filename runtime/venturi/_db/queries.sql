@@ -7,7 +7,8 @@
 WITH inserted AS (
     INSERT INTO {prefix}_jobs (id, kind, queue, priority, run_at, payload,
                                lease_s, backoff_base_s, backoff_cap_s, dedup_key)
-    VALUES ($1, $2, $3, $4, coalesce($5, now() + make_interval(secs => coalesce($6, 0))),
+    -- $6 cast: coalesce($6, 0) alone would type it integer and truncate 1.2 s to 1 s.
+    VALUES ($1, $2, $3, $4, coalesce($5, now() + make_interval(secs => coalesce($6::float8, 0))),
             $7::text::jsonb, $8, $9, $10, $11)
     RETURNING kind
 )
@@ -35,7 +36,10 @@ SELECT pg_notify($12, kind) FROM (SELECT DISTINCT kind FROM inserted) AS kinds;
 -- hold: up to $3 LOW-only slots, then $4 slots for NORMAL or LOW, then $5 for any tier
 -- (weighted-slot anti-starvation; a reserved slot left empty passes to the next group).
 -- One statement, each part a range scan of {prefix}_jobs_claim_idx at any backlog. Each
--- claim gets a fresh token that guards every later write to the job.
+-- claim gets a fresh token that guards every later write to the job. Leases are clamped to
+-- [0.1 s, 366 days] so that one row with an absurd stored lease cannot fail every claim.
+-- $9 is the shortest lease the claiming worker already holds (NULL: none): a claim whose
+-- leases end sooner announces them on channel $10, so idle rescuers know when to look.
 WITH p0 AS (
     SELECT id FROM {prefix}_jobs
     WHERE status = 'pending' AND queue = $1 AND kind = ANY($2::text[])
@@ -68,13 +72,17 @@ WITH p0 AS (
         claimed_at = now(),
         claimed_by = $6,
         claimed_pod = $7,
-        lease_until = now() + make_interval(secs => coalesce(j.lease_s, $8))
+        lease_until = now() + make_interval(secs => least(greatest(coalesce(j.lease_s, $8), 0.1), 31622400))
     -- = ANY(ARRAY(...)) rather than a join: the planner cannot estimate the CTEs' row
     -- counts (their LIMITs are expressions) and would hash-join a scan of the whole table.
     WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING j.id, j.kind, j.payload, j.carry, j.run_count, j.failures, j.claim_token,
-              coalesce(j.lease_s, $8) AS lease_s, j.backoff_base_s, j.backoff_cap_s,
-              j.priority, j.run_at, j.dedup_key
+              least(greatest(coalesce(j.lease_s, $8), 0.1), 31622400)::float8 AS lease_s,
+              j.backoff_base_s, j.backoff_cap_s, j.priority, j.run_at, j.dedup_key
+), announced AS (
+    SELECT pg_notify($10, '!lease ' || min(lease_s)::text || ' ' || $1)
+    FROM claimed
+    HAVING count(*) > 0 AND ($9::float8 IS NULL OR min(lease_s) < $9)
 )
 -- In claim order: a worker that holds some jobs back (prefetch) starts them in this order.
 SELECT c.id, c.kind, c.payload::text, c.carry::text, c.run_count, c.failures, c.claim_token,
@@ -87,7 +95,8 @@ SELECT c.id, c.kind, c.payload::text, c.carry::text, c.run_count, c.failures, c.
                    'run', h.run, 'outcome', h.outcome, 'at', h.at, 'note', h.note,
                    'attachment', h.attachment, 'duration_s', h.duration_s,
                    'worker', h.worker) ORDER BY h.id)
-        FROM {prefix}_journal AS h WHERE h.job_id = c.id)::text END AS history
+        FROM {prefix}_journal AS h WHERE h.job_id = c.id)::text END AS history,
+       (SELECT count(*) FROM announced) AS announced
 FROM claimed AS c
 ORDER BY c.priority DESC, c.run_at, c.id;
 
@@ -108,8 +117,10 @@ WITH s AS (
 ), settled AS (
     UPDATE {prefix}_jobs AS j SET
         status = CASE WHEN s.outcome IN ('completed', 'dead') THEN s.outcome ELSE 'pending' END,
+        -- Delays clamped to [0, 10 years]: one absurd value must not fail the whole batch.
         run_at = CASE WHEN s.outcome IN ('completed', 'dead') THEN j.run_at
-                      ELSE now() + make_interval(secs => s.delay_s) END,
+                      ELSE now() + make_interval(secs => least(greatest(s.delay_s, 0), 315576000))
+                 END,
         finished_at = CASE WHEN s.outcome IN ('completed', 'dead') THEN now() END,
         carry = CASE WHEN s.set_carry THEN s.carry::jsonb ELSE j.carry END,
         failures = j.failures + CASE WHEN s.outcome IN ('failed', 'dead') THEN 1 ELSE 0 END,
@@ -142,10 +153,11 @@ WHERE j.id = r.id AND j.claim_token = r.token  -- id and token only: see job_set
 RETURNING j.id;
 
 -- job_select_stale --
--- Lock claimed jobs whose lease expired (their worker died or hung), oldest first.
+-- Lock claimed jobs of these queues ($2) whose lease expired (their worker died or hung),
+-- oldest first. Each queue's own workers recover its jobs, by its own policy.
 SELECT id, kind, run_count, failures, backoff_base_s, backoff_cap_s, claimed_by, claim_token
 FROM {prefix}_jobs
-WHERE status = 'claimed' AND lease_until < now()
+WHERE status = 'claimed' AND lease_until < now() AND queue = ANY($2::text[])
 ORDER BY lease_until
 LIMIT $1
 FOR UPDATE SKIP LOCKED;
@@ -158,7 +170,9 @@ WITH r AS (
 ), recovered AS (
     UPDATE {prefix}_jobs AS j SET
         status = CASE WHEN r.dead THEN 'dead' ELSE 'pending' END,
-        run_at = CASE WHEN r.dead THEN j.run_at ELSE now() + make_interval(secs => r.delay_s) END,
+        run_at = CASE WHEN r.dead THEN j.run_at
+                      ELSE now() + make_interval(secs => least(greatest(r.delay_s, 0), 315576000))
+                 END,
         finished_at = CASE WHEN r.dead THEN now() END,
         failures = j.failures + 1,
         last_error = r.note,
@@ -178,9 +192,30 @@ SELECT recovered.id, recovered.kind, recovered.status, (SELECT count(*) FROM wok
 FROM recovered;
 
 -- lease_next_expiry --
--- Seconds until the earliest lease among claimed jobs expires (NULL when none is claimed).
+-- Seconds until the earliest lease among claimed jobs of these queues expires (NULL when none
+-- is claimed).
 SELECT extract(epoch FROM min(lease_until) - now())::float8 FROM {prefix}_jobs
-WHERE status = 'claimed';
+WHERE status = 'claimed' AND queue = ANY($1::text[]);
+
+-- job_release_unheld --
+-- Hand back the jobs the database says worker $1 holds that it does not hold ($2): claims
+-- whose reply was lost with the connection (committed, never received). Journaled as
+-- 'released' with note $3 (not a failure), eligible at once, and announced on channel $4.
+WITH released AS (
+    UPDATE {prefix}_jobs AS j SET
+        status = 'pending',
+        run_at = now(),
+        claim_token = NULL,
+        lease_until = NULL
+    WHERE j.status = 'claimed' AND j.claimed_by = $1 AND j.id <> ALL($2::uuid[])
+    RETURNING j.id, j.kind, j.run_count
+), journal AS (
+    INSERT INTO {prefix}_journal (job_id, run, outcome, note, worker)
+    SELECT id, run_count, 'released', $3, $1 FROM released
+), woken AS (
+    SELECT pg_notify($4, kind) FROM (SELECT DISTINCT kind FROM released) AS kinds
+)
+SELECT released.id, released.kind, (SELECT count(*) FROM woken) AS woken FROM released;
 
 -- job_next_due --
 -- Seconds until the next pending job of these kinds becomes eligible (NULL when none is

@@ -1,0 +1,82 @@
+"""What a failed database call means: the database (or the way to it) failed, the
+statement's data was refused, or venturi has a bug.
+
+Every background loop of a worker retries the first kind forever, so no outage ends a
+worker; the completer isolates the second kind (one bad row must not fail its batch); only
+the third ends `Worker.run()`, with its traceback. asyncpg reports an outage through many
+types (`PostgresError` subclasses, `InterfaceError`, `InternalClientError`, `OSError`,
+timeouts, and the odd `AttributeError` from deep inside a connection that died mid-read),
+so the test is by type *and* by origin: anything raised from inside asyncpg counts.
+"""
+
+from __future__ import annotations
+
+import os
+import types
+
+import asyncpg
+
+_DATABASE_TYPES: tuple[type[BaseException], ...] = (
+    OSError,
+    TimeoutError,
+    EOFError,
+    asyncpg.PostgresError,
+    asyncpg.InterfaceError,
+    asyncpg.InternalClientError,
+)
+_ASYNCPG_DIR = os.path.dirname(asyncpg.__file__) + os.sep
+
+_CONNECTION_CLASSES = ("08", "57")
+"""SQLSTATE classes after which a connection is not reused: connection exceptions, and
+operator intervention (shutdown, termination, cancellation)."""
+_DATA_CLASSES = ("22", "23", "54")
+"""Data exception, integrity constraint violation, program limit exceeded: the rows are
+at fault. Anything else (an outage, a lock, a missing table, a permission) is not the data's
+fault, and the same rows can be written once it is mended."""
+
+
+def _raised_in_asyncpg(exc: BaseException) -> bool:
+    tb: types.TracebackType | None = exc.__traceback__
+    last = None
+    while tb is not None:
+        last = tb
+        tb = tb.tb_next
+    return last is not None and last.tb_frame.f_code.co_filename.startswith(_ASYNCPG_DIR)
+
+
+def is_database_failure(exc: BaseException) -> bool:
+    """True if `exc` came from the database or the connection to it (retry later);
+    False for a bug in venturi (which must surface, with its traceback)."""
+    if isinstance(exc, _DATABASE_TYPES):
+        return True
+    return isinstance(exc, Exception) and _raised_in_asyncpg(exc)
+
+
+def _sqlstate(exc: BaseException) -> str:
+    state = getattr(exc, "sqlstate", None)
+    return state if isinstance(state, str) else ""
+
+
+def breaks_connection(exc: BaseException) -> bool:
+    """True if the connection that raised `exc` must not be used again.
+
+    Only an error the server reported for the statement itself (a constraint, bad data)
+    leaves the connection in a known state; anything else (a lost socket, a protocol
+    mix-up, a timeout or cancellation mid-statement, a shutdown) may leave it half-way
+    through a reply, and the next user of the connection would read that reply.
+    """
+    if not isinstance(exc, asyncpg.PostgresError):
+        return True
+    return _sqlstate(exc).startswith(_CONNECTION_CLASSES)
+
+
+def is_refused_data(exc: BaseException) -> bool:
+    """True if the server refused the statement for what it carried (bad data, a limit, a
+    constraint): trying the same rows again fails again, so they must be isolated."""
+    return isinstance(exc, asyncpg.PostgresError) and _sqlstate(exc).startswith(_DATA_CLASSES)
+
+
+def describe(exc: BaseException) -> str:
+    """One line naming the failure: type and message, without a traceback."""
+    text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,0 +1,82 @@
+"""One worker's view of whether its database answers, shared by all of its loops.
+
+When PostgreSQL goes away, every loop (claims, settlements, renewals, recovery, the
+next-due timer, LISTEN) fails at once and keeps failing until it is back. This turns that
+into one WARNING when the outage starts and one when it ends (not one per statement and
+loop), and lets every loop retry the moment any one of them gets through, rather than
+each sleeping out its own backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import time
+
+from venturi._db.failures import describe
+
+logger = logging.getLogger("venturi.worker")
+
+RETRY_FIRST = 0.05
+"""Seconds before the first retry of a failed statement."""
+RETRY_MAX = 1.0
+"""Seconds; cap on the wait between retries, so work resumes within about a second of
+the server accepting connections again."""
+
+
+class Outage:
+    def __init__(self, worker: str) -> None:
+        self._worker = worker
+        self._since: float | None = None
+        self._failures = 0
+        self._back = asyncio.Event()
+
+    @property
+    def ongoing(self) -> bool:
+        return self._since is not None
+
+    def failed(self, what: str, exc: BaseException) -> None:
+        """Record that `what` (a loop's name) failed against the database."""
+        self._failures += 1
+        if self._since is None:
+            self._since = time.monotonic()
+            self._back.clear()
+            logger.warning(
+                "worker %s: the database is unavailable (%s: %s); retrying until it is back",
+                self._worker,
+                what,
+                describe(exc),
+            )
+        else:
+            logger.debug("worker %s: %s failed again: %s", self._worker, what, describe(exc))
+
+    def ok(self) -> None:
+        """Record a statement that succeeded (cheap: called on every success)."""
+        if self._since is None:
+            return
+        lasted = time.monotonic() - self._since
+        logger.warning(
+            "worker %s: the database is back after %.1fs (%d failed calls meanwhile)",
+            self._worker,
+            lasted,
+            self._failures,
+        )
+        self._since = None
+        self._failures = 0
+        self._back.set()
+
+    async def wait(self, delay: float) -> None:
+        """Sleep about `delay` seconds (jittered down to half, so the loops of one worker,
+        and the workers of a fleet, do not retry in lockstep), or less if another loop sees
+        the database come back."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(
+                self._back.wait(), min(delay, RETRY_MAX) * random.uniform(0.5, 1.0)
+            )
+
+
+def next_delay(delay: float) -> float:
+    """The capped exponential backoff between retries."""
+    return min(max(delay, RETRY_FIRST) * 2, RETRY_MAX)

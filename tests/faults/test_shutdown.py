@@ -1,0 +1,85 @@
+"""SIGTERM while jobs run: cooperative handlers checkpoint (pause with their carry), a
+handler that ignores the cooperative cancel is aborted and its job released after the grace
+period, one that swallows even the abort is given up on (its job released), a short job
+finishes, and the process exits 0 soon after the grace period."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from venturi import PostgresStore, Queue
+
+from .harness import FIGURES, fleet, read_runs, wait_until
+from .worker import Checkpoint, Stubborn, Swallower, Work
+
+GRACE = 2.0
+
+
+@pytest.fixture
+async def pool(pg_dsn: str) -> AsyncIterator[asyncpg.Pool]:
+    pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=2)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+@pytest.mark.slow
+async def test_sigterm_mid_run(
+    pg_dsn: str, store: PostgresStore, pool: asyncpg.Pool, prefix: str, tmp_path: Path
+) -> None:
+    queue = Queue(store)
+    ids = {
+        "checkpoint": [await queue.enqueue(Checkpoint(i)) for i in range(2)],
+        "stubborn": [await queue.enqueue(Stubborn(i)) for i in range(2)],
+        "swallower": [await queue.enqueue(Swallower(0))],
+        "work": [await queue.enqueue(Work(0, int(GRACE * 500)))],
+    }
+    args = ["--concurrency", "6", "--shutdown-timeout", str(GRACE)]
+    async with fleet(pg_dsn, prefix, tmp_path, args) as workers:
+        (proc,) = [await workers.start()]
+
+        async def all_started() -> bool:
+            return len(read_runs(tmp_path)) == 6
+
+        await wait_until(all_started, 30, "every job started")
+        signalled = time.monotonic()
+        proc.proc.send_signal(signal.SIGTERM)
+        code = await asyncio.wait_for(proc.proc.wait(), GRACE + 30)
+        took = time.monotonic() - signalled
+
+    assert code == 0, proc.stderr()
+    journal = {name: [await queue.job_journal(i) for i in job_ids] for name, job_ids in ids.items()}
+    for entries in journal["checkpoint"]:
+        (entry,) = entries
+        assert entry.outcome.value == "paused"
+        assert entry.note is not None and entry.note.startswith("checkpoint at step")
+    for job_id in ids["checkpoint"]:
+        job = await queue.job(job_id)
+        assert job is not None and job.status.value == "pending" and job.carry["steps"] > 0
+    for entries in journal["stubborn"]:
+        (entry,) = entries
+        assert (entry.outcome.value, entry.note) == (
+            "released",
+            "aborted at shutdown after the grace period",
+        )
+        assert not entry.is_failure
+    ((swallowed,),) = journal["swallower"]
+    assert swallowed.outcome.value == "released"
+    assert swallowed.note is not None and "ignored cancellation" in swallowed.note
+    ((worked,),) = journal["work"]
+    assert worked.outcome.value == "completed"
+    how = {r.how for r in read_runs(tmp_path)}
+    assert how == {"checkpointed", "aborted", "done", None}  # the swallower never ended
+    FIGURES.append(
+        f"SIGTERM mid-run: exit {code} {took:.1f}s after the signal (grace {GRACE}s): 2 "
+        f"checkpointed, 2 aborted and released, 1 abandoned and released, 1 completed"
+    )
+    assert took < GRACE + 10

@@ -1,0 +1,392 @@
+"""What a worker does when the database misbehaves, in one process against the real
+server: failures classified, broken connections discarded, leases announced so an idle
+rescuer recovers a dead worker's job at once, lost claim replies reconciled (see
+tests/faults for the multi-process versions), and the small things a reliable queue must
+get right (fractional delays, ids in creation order, one identity per worker, a quiet
+LISTEN loss)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import asyncpg
+import pytest
+
+from venturi import (
+    Backoff,
+    Context,
+    HistoryFilter,
+    JobStatus,
+    JournalOutcome,
+    Outcome,
+    PanicPolicy,
+    PostgresStore,
+    Queue,
+    Task,
+    Worker,
+    WorkerIdentity,
+)
+from venturi._completer import Completer
+from venturi._db.failures import breaks_connection, is_database_failure, is_refused_data
+from venturi._executor import Policy, _unrecordable
+from venturi._records import Settlement
+
+from .helpers import running, until, until_status
+
+
+@pytest.fixture
+async def pool(pg_dsn: str) -> AsyncIterator[asyncpg.Pool]:
+    """A pool of the test's own, for raw SQL (inspection and fault injection)."""
+    pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=4)
+    try:
+        yield pool
+    finally:
+        await pool.close()
+
+
+@dataclass
+class Ping(Task):
+    KIND = "outages.ping"
+    n: int = 0
+
+
+@dataclass
+class Pong(Task):
+    KIND = "outages.pong"
+    n: int = 0
+
+
+async def done(task: Task, ctx: Context[None], app: None) -> Outcome:
+    return Outcome.completed()
+
+
+# -- classifying failures ------------------------------------------------------------------
+
+
+def test_failures_from_inside_asyncpg_count_as_database_failures() -> None:
+    assert is_database_failure(asyncpg.InternalClientError("cannot switch to state 12"))
+    assert is_database_failure(asyncpg.InterfaceError("connection is closed"))
+    assert is_database_failure(ConnectionResetError())
+    assert is_database_failure(asyncpg.AdminShutdownError("terminating connection"))
+    # An AttributeError raised by asyncpg's own code (as from a connection that vanished).
+    with pytest.raises(AttributeError) as raised:
+        asyncpg.connection.Connection.is_closed(None)  # type: ignore[arg-type]
+    assert is_database_failure(raised.value)
+    assert not is_database_failure(KeyError("a bug of ours"))
+    assert not is_database_failure(AssertionError())
+
+
+def test_only_statement_errors_leave_a_connection_reusable() -> None:
+    assert not breaks_connection(asyncpg.UniqueViolationError("dup"))
+    assert not breaks_connection(asyncpg.DataError("bad"))
+    assert breaks_connection(asyncpg.AdminShutdownError("shutdown"))
+    assert breaks_connection(asyncpg.QueryCanceledError("timeout"))
+    assert breaks_connection(asyncpg.InternalClientError("state"))
+    assert breaks_connection(asyncio.CancelledError())
+    assert is_refused_data(asyncpg.CharacterNotInRepertoireError("0x00"))
+    assert not is_refused_data(asyncpg.UndefinedTableError("no table"))
+    assert not is_refused_data(asyncpg.AdminShutdownError("shutdown"))
+
+
+async def test_a_connection_that_failed_mid_statement_is_not_reused(pg_dsn: str) -> None:
+    """The server cancels the statement (class 57): the connection goes, not back to the
+    pool, so a half-read reply can never meet the next caller."""
+    store = await PostgresStore.connect(pg_dsn, prefix="unused", min_size=1, max_size=1)
+    try:
+        await store._fetchval("SELECT set_config('statement_timeout', '50', false)")
+        first = await store._fetchval("SELECT pg_backend_pid()")
+        with pytest.raises(asyncpg.QueryCanceledError):
+            await store._fetchval("SELECT pg_sleep(5)")
+        assert await store._fetchval("SELECT pg_backend_pid()") != first
+        # An error in the statement itself keeps the connection.
+        kept = await store._fetchval("SELECT pg_backend_pid()")
+        with pytest.raises(asyncpg.DivisionByZeroError):
+            await store._fetchval("SELECT 1 / 0")
+        assert await store._fetchval("SELECT pg_backend_pid()") == kept
+    finally:
+        await store.close()
+
+
+# -- recovery right after expiry -------------------------------------------------------------
+
+
+async def test_an_idle_worker_recovers_a_dead_workers_job_right_after_its_lease(
+    queue: Queue, store: PostgresStore, prefix: str, pool: asyncpg.Pool
+) -> None:
+    """B is idle (poll_max 30 s: it saw nothing claimed). A claims a job with a 1 s lease and
+    dies. The claim announced its lease, so B recovers the job about when it expires."""
+    worker = Worker(None, store, concurrency=1, poll_max=30)
+    worker.register(Ping, done)
+    async with running(worker):
+        await asyncio.sleep(0.2)  # let B's rescuer take its first look (nothing claimed)
+        await queue.enqueue(Pong())  # a kind B does not run: only the dead worker claims it
+        (claimed,) = await store.claim(
+            queue="default",
+            kinds=[Pong.KIND],
+            limit=1,
+            worker="dead:1#0000",
+            pod=None,
+            default_lease_s=1.0,
+        )
+
+        async def recovered() -> bool:
+            entries = await store.journal(claimed.id)
+            return any(e.outcome is JournalOutcome.STALE_RECOVERED for e in entries)
+
+        await until(recovered, limit=10)
+        row = await pool.fetchrow(
+            f"SELECT extract(epoch FROM (SELECT at FROM {prefix}_journal WHERE job_id = $1) "
+            f"- claimed_at)::float8 AS after FROM {prefix}_jobs WHERE id = $1",
+            claimed.id,
+        )
+    assert row is not None
+    assert 1.0 <= row["after"] < 2.0  # the lease (1 s) plus at most a second
+
+
+# -- small things that must be right ----------------------------------------------------------
+
+
+async def test_fractional_delays_are_kept(
+    queue: Queue, store: PostgresStore, prefix: str, pool: asyncpg.Pool
+) -> None:
+    for delay in (1.2, 0.5, 2.5):
+        job_id = await queue.enqueue_in(Ping(), delay)
+        seconds = await pool.fetchval(
+            f"SELECT extract(epoch FROM run_at - created_at)::float8 FROM {prefix}_jobs "
+            "WHERE id = $1",
+            job_id.to_uuid(),
+        )
+        assert seconds == pytest.approx(delay, abs=1e-6)
+
+
+async def test_ids_from_one_process_sort_in_creation_order(queue: Queue) -> None:
+    ids = [await queue.enqueue(Ping(n)) for n in range(50)]
+    listed = await queue.jobs(HistoryFilter(limit=50))
+    assert [j.id for j in listed] == ids[::-1]
+
+
+async def test_each_worker_has_its_own_identity(queue: Queue, store: PostgresStore) -> None:
+    a = Worker(None, store, concurrency=1)
+    a.register(Ping, done)
+    b = Worker(None, store, concurrency=1)
+    b.register(Pong, done)
+    assert str(a.identity) != str(b.identity)
+    assert WorkerIdentity.current() != WorkerIdentity.current()
+    ping, pong = await queue.enqueue(Ping()), await queue.enqueue(Pong())
+    async with running(a), running(b):
+        await until_status(queue, ping, JobStatus.COMPLETED)
+        await until_status(queue, pong, JobStatus.COMPLETED)
+    ((by_a,), (by_b,)) = [await queue.job_journal(ping), await queue.job_journal(pong)]
+    assert (by_a.worker, by_b.worker) == (str(a.identity), str(b.identity))
+
+
+async def test_listen_loss_is_quiet_and_uses_no_pool_connection(
+    queue: Queue, store: PostgresStore, caplog: pytest.LogCaptureFixture, pool: asyncpg.Pool
+) -> None:
+    worker = Worker(None, store, concurrency=1)
+    worker.register(Ping, done)
+    async with running(worker):
+        assert worker.notifier is not None
+        pid = await pool.fetchval(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'venturi listen'"
+            " AND query LIKE 'LISTEN%' ORDER BY backend_start DESC LIMIT 1"
+        )
+        assert pid is not None
+        with caplog.at_level(logging.WARNING):
+            await pool.fetchval("SELECT pg_terminate_backend($1)", pid)
+
+            async def relistened() -> bool:
+                assert worker.notifier is not None
+                return worker.notifier.reconnects == 1 and worker.notifier.connected.is_set()
+
+            await until(relistened)
+        job_id = await queue.enqueue(Ping())
+        await until_status(queue, job_id, JobStatus.COMPLETED)
+    messages = [r.getMessage() for r in caplog.records]
+    assert not [m for m in messages if "released back to the pool" in m], messages
+    assert any("LISTEN connection lost" in m for m in messages)
+
+
+# -- one bad job never harms another ----------------------------------------------------------
+
+
+async def test_one_poisoned_settlement_leaves_the_rest_of_its_batch_settled(
+    queue: Queue, store: PostgresStore
+) -> None:
+    await queue.enqueue_many(Ping(n) for n in range(100))
+    claimed = await store.claim(
+        queue="default", kinds=[Ping.KIND], limit=100, worker="w", pod=None, default_lease_s=60
+    )
+    assert len(claimed) == 100
+    policy = Policy(Backoff(), 0.5, 25, PanicPolicy.RETRY)
+    settlements = [
+        Settlement(
+            j.id,
+            j.claim_token,
+            j.kind,
+            "completed",
+            note="a\x00b" if i == 37 else None,  # text PostgreSQL refuses
+            unrecordable=functools.partial(_unrecordable, j, policy, 0.0),
+        )
+        for i, j in enumerate(claimed)
+    ]
+    completer = Completer(store, worker="w")
+    task = asyncio.create_task(completer.run())
+    for s in settlements:
+        await completer.settle(s)
+    await completer.close()
+    await task
+    statuses = [(await queue.job(j.id)) for j in claimed]  # type: ignore[arg-type]
+    assert sum(1 for j in statuses if j is not None and j.status is JobStatus.COMPLETED) == 99
+    bad = statuses[37]
+    assert bad is not None and bad.status is JobStatus.PENDING and bad.failures == 1
+    assert bad.last_error is not None and "could not be recorded" in bad.last_error
+    (entry,) = await store.journal(claimed[37].id)
+    assert entry.outcome is JournalOutcome.FAILED
+
+
+async def test_one_absurd_stored_lease_or_backoff_fails_no_claim_or_recovery(
+    queue: Queue, store: PostgresStore, prefix: str, pool: asyncpg.Pool
+) -> None:
+    """Rows written before validation existed (or by hand): the claim and the recovery
+    statements clamp them rather than fail for every job of the queue."""
+    bad = await queue.enqueue(Ping(1))
+    good = await queue.enqueue(Ping(2))
+    await pool.execute(
+        f"UPDATE {prefix}_jobs SET lease_s = 'Infinity', backoff_base_s = 'Infinity' WHERE id = $1",
+        bad.to_uuid(),
+    )
+    claimed = await store.claim(
+        queue="default", kinds=[Ping.KIND], limit=10, worker="w", pod=None, default_lease_s=60
+    )
+    assert {c.id for c in claimed} == {bad.to_uuid(), good.to_uuid()}
+    await pool.execute(f"UPDATE {prefix}_jobs SET lease_until = now() - interval '1 s'")
+    worker = Worker(None, store, concurrency=2, backoff=Backoff(0.01, 0.02))
+    worker.register(Ping, done)
+    async with running(worker):
+        await until_status(queue, good, JobStatus.COMPLETED)
+        await until_status(queue, bad, JobStatus.COMPLETED, JobStatus.PENDING)
+    (stale, *_) = await queue.job_journal(bad)
+    assert stale.outcome is JournalOutcome.STALE_RECOVERED
+
+
+# -- handlers that escape the rules -----------------------------------------------------------
+
+
+async def test_a_handler_raising_cancelled_error_fails_instead_of_looping(queue: Queue) -> None:
+    runs: list[int] = []
+
+    async def cancels(task: Ping, ctx: Context[None], app: None) -> Outcome:
+        runs.append(ctx.run_count)
+        raise asyncio.CancelledError
+
+    worker = Worker(None, queue.store, concurrency=1, backoff=Backoff(0.01, 0.02), backstop=3)
+    worker.register(Ping, cancels)
+    job_id = await queue.enqueue(Ping())
+    async with running(worker):
+        await until_status(queue, job_id, JobStatus.DEAD)
+    assert runs == [1, 2, 3]
+    outcomes = [e.outcome for e in await queue.job_journal(job_id)]
+    assert outcomes == [JournalOutcome.FAILED, JournalOutcome.FAILED, JournalOutcome.DEAD]
+
+
+@pytest.mark.parametrize("escape", [KeyboardInterrupt, SystemExit])
+async def test_keyboard_interrupt_or_system_exit_fails_the_run_not_the_worker(
+    queue: Queue, escape: type[BaseException]
+) -> None:
+    async def raises(task: Ping, ctx: Context[None], app: None) -> Outcome:
+        raise escape()
+
+    worker = Worker(None, queue.store, concurrency=2, backstop=1)
+    worker.register(Ping, raises)
+    worker.register(Pong, done)
+    bad = await queue.enqueue(Ping())
+    async with running(worker):
+        await until_status(queue, bad, JobStatus.DEAD)
+        later = await queue.enqueue(Pong())
+        await until_status(queue, later, JobStatus.COMPLETED)
+    job = await queue.job(bad)
+    assert job is not None and job.last_error is not None
+    assert job.last_error.endswith(f"{escape.__name__}: ")
+
+
+async def test_a_handler_that_swallows_cancellation_does_not_hang_shutdown(
+    queue: Queue,
+) -> None:
+    started = asyncio.Event()
+    give_up = asyncio.Event()  # the test's own way out, so the handler ends with the test
+
+    async def swallow(task: Ping, ctx: Context[None], app: None) -> Outcome:
+        started.set()
+        while True:
+            try:
+                await give_up.wait()
+                return Outcome.completed()
+            except asyncio.CancelledError:
+                continue
+
+    worker = Worker(None, queue.store, concurrency=1, shutdown_timeout=0.2)
+    worker.register(Ping, swallow)
+    job_id = await queue.enqueue(Ping())
+    shutdown = asyncio.Event()
+    run = asyncio.create_task(worker.run(shutdown))
+    await asyncio.wait_for(started.wait(), 10)
+    shutdown.set()
+    await asyncio.wait_for(run, 10)  # returns; the handler lives on, abandoned
+    assert worker.abandoned == 1
+    (entry,) = await queue.job_journal(job_id)
+    assert entry.outcome is JournalOutcome.RELEASED
+    assert entry.note is not None and "ignored cancellation" in entry.note
+    give_up.set()
+
+    async def handler_gone() -> bool:
+        return worker.abandoned == 0
+
+    await until(handler_gone)
+    job = await queue.job(job_id)
+    assert job is not None and job.status is JobStatus.PENDING  # its late result is not kept
+
+
+async def test_a_pool_too_small_for_a_worker_is_refused(pg_dsn: str, prefix: str) -> None:
+    store = await PostgresStore.connect(pg_dsn, prefix=prefix, max_size=1)
+    try:
+        worker = Worker(None, store)
+        worker.register(Ping, done)
+        with pytest.raises(ValueError, match="max_size=1; a worker needs at least 2"):
+            await worker.run(asyncio.Event())
+    finally:
+        await store.close()
+
+
+async def test_handlers_fanning_out_enqueues_on_a_small_pool_do_not_deadlock(
+    pg_dsn: str, prefix: str
+) -> None:
+    store = await PostgresStore.connect(pg_dsn, prefix=prefix, max_size=2)
+    try:
+        await store.migrate()
+        queue = Queue(store)
+
+        async def fan_out(task: Ping, ctx: Context[None], app: None) -> Outcome:
+            await asyncio.gather(*(queue.enqueue(Pong(i)) for i in range(20)))
+            return Outcome.completed()
+
+        worker = Worker(None, store, concurrency=4)
+        worker.register(Ping, fan_out)
+        worker.register(Pong, done)
+        ids = await queue.enqueue_many(Ping(i) for i in range(4))
+        async with running(worker):
+            for job_id in ids:
+                await until_status(queue, job_id, JobStatus.COMPLETED)
+
+            async def all_pongs_done() -> bool:
+                stats = await queue.stats()
+                return stats.pending == 0 and stats.claimed == 0
+
+            await until(all_pongs_done)
+        assert len(await queue.jobs(HistoryFilter(status=JobStatus.COMPLETED, limit=200))) == 84
+    finally:
+        await store.close()
