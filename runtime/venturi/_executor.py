@@ -22,7 +22,7 @@ from venturi._records import ClaimedJob, Settlement
 from venturi.backoff import Backoff, retry_delay
 from venturi.context import Context
 from venturi.errors import PayloadError
-from venturi.outcome import Outcome, PanicPolicy, TaskError
+from venturi.outcome import Outcome, PanicPolicy, TaskError, failure_note
 
 logger = logging.getLogger(__name__)
 
@@ -157,7 +157,7 @@ def _failure(
     permanent: bool,
 ) -> Settlement:
     """A failed execution: dead when permanent or at the backstop, else retried with backoff."""
-    message = exc.message if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
+    message = failure_note(exc)
     failures = job.failures + 1
     carry_json, _ = _encode_carry(ctx)
     attachment = ctx.attachment.decode() if ctx.attachment is not None else None
