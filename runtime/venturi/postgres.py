@@ -294,17 +294,18 @@ class PostgresStore:
     async def insert_deduplicated(
         self, job: NewJob, decide: Callable[[ExistingJob], MergePlan]
     ) -> ULID:
-        """Insert `job` unless a pending job of the same kind and dedup key exists; then
-        `decide` (pure) chooses, and the plan is applied. Returns the id that holds the work.
+        """Insert `job` unless a pending job of the same queue, kind and dedup key exists;
+        then `decide` (pure) chooses, and the plan is applied. Returns the id that holds the
+        work.
 
-        Producers of one (kind, key) are serialized by an advisory lock, so concurrent
+        Producers of one (queue, kind, key) are serialized by an advisory lock, so concurrent
         enqueues end as the merge policy says, never with two rows where it said one.
         """
         assert job.dedup_key is not None
         async with self._pool_or_raise().acquire() as conn, conn.transaction():
             await conn.execute(self._q["dedup_lock"], _dedup_lock_key(self._prefix, job))
             row = await conn.fetchrow(
-                self._q["job_find_pending_duplicate"], job.kind, job.dedup_key
+                self._q["job_find_pending_duplicate"], job.kind, job.dedup_key, job.queue
             )
             if row is not None:
                 journal = await conn.fetch(self._q["journal_list_for_job"], row[0])
@@ -623,7 +624,8 @@ def _insert_args(job: NewJob) -> tuple[Any, ...]:
 
 
 def _dedup_lock_key(prefix: str, job: NewJob) -> int:
-    key = f"venturi:dedup:{prefix}:{job.kind}:{job.dedup_key}".encode()
+    # Unambiguous: neither a prefix nor a queue name nor a KIND can hold a NUL.
+    key = f"venturi:dedup:{prefix}\0{job.queue}\0{job.kind}\0{job.dedup_key}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big", signed=True)
 
 

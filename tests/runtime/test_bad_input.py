@@ -8,6 +8,7 @@ import math
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta, timezone
 
+import asyncpg
 import pytest
 from ulid import ULID
 
@@ -28,6 +29,7 @@ from venturi import (
     TaskError,
     Worker,
 )
+from venturi._db import sql
 from venturi.backoff import MAX_DELAY
 from venturi.context import ATTACHMENT_MAX_BYTES
 from venturi.merge import DEDUP_KEY_MAX_BYTES
@@ -54,7 +56,7 @@ async def test_invalid_prefix_is_rejected_before_any_sql(bad: object) -> None:
 async def test_longest_valid_prefix_works(pg_dsn: str) -> None:
     prefix = "p" + "x" * 38
     async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
-        assert await store.migrate() == [1, 2]
+        assert await store.migrate() == [1, 2, 3]
         assert await store.migrate() == []
 
 
@@ -64,7 +66,7 @@ async def test_concurrent_migrations_apply_once(pg_dsn: str, prefix: str) -> Non
         results = await asyncio.gather(*(s.migrate() for s in stores))
     finally:
         await asyncio.gather(*(s.close() for s in stores))
-    assert sorted(results) == [[]] * 7 + [[1, 2]]
+    assert sorted(results) == [[]] * 7 + [[1, 2, 3]]
 
 
 async def test_unencodable_payload_names_the_field(queue: Queue) -> None:
@@ -509,6 +511,74 @@ async def test_delays_and_policies_beyond_their_bounds_are_refused(queue: Queue)
     stats = await queue.stats()
     assert stats.pending_by_kind == {"policy": 2, "order": 1}
     assert stats.scheduled_by_kind == {"order": 1}
+
+
+async def test_the_database_refuses_policies_no_release_may_store(store: PostgresStore) -> None:
+    """A producer of an older release (or hand-written SQL) cannot store a policy that would
+    make every claim or recovery statement of its queue fail."""
+    insert = (
+        f"INSERT INTO {store.prefix}_jobs (id, kind, payload, lease_s, backoff_base_s, "
+        f"backoff_cap_s) VALUES (gen_random_uuid(), 'k', '{{}}', $1, $2, $3)"
+    )
+    async with store._pool.acquire() as conn:
+        for lease, base, cap in [
+            (math.inf, None, None),
+            (math.nan, None, None),
+            (1e12, None, None),
+            (0.001, None, None),
+            (None, math.inf, math.inf),
+            (None, 10.0, 1.0),
+            (None, 1.0, None),
+            (None, -1.0, 1.0),
+        ]:
+            with pytest.raises(asyncpg.CheckViolationError):
+                await conn.execute(insert, lease, base, cap)
+        await conn.execute(insert, 0.5, 0.0, MAX_DELAY)
+
+
+async def test_migrating_brings_stored_policies_within_bounds(pg_dsn: str, prefix: str) -> None:
+    async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
+        async with store._pool.acquire() as conn, conn.transaction():
+            # The schema as the previous release left it (migrations 1 and 2) ...
+            await conn.execute(sql.queries(prefix)["migration_table_create"])
+            for migration in sql.migrations(prefix)[:2]:
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    sql.queries(prefix)["migration_record"], migration.version, migration.name
+                )
+            # ... with the rows that release let through.
+            rows = {
+                "inf-lease": (math.inf, None, None),
+                "nan-lease": (math.nan, None, None),
+                "tiny-lease": (0.001, None, None),
+                "swapped-curve": (60.0, 10.0, 1.0),
+                "inf-curve": (None, math.inf, math.inf),
+                "fine": (60.0, 1.0, 600.0),
+            }
+            for kind, (lease, base, cap) in rows.items():
+                await conn.execute(
+                    f"INSERT INTO {prefix}_jobs (id, kind, payload, lease_s, backoff_base_s, "
+                    f"backoff_cap_s) VALUES (gen_random_uuid(), $1, '{{}}', $2, $3, $4)",
+                    kind,
+                    lease,
+                    base,
+                    cap,
+                )
+        assert await store.migrate() == [3]
+        got = {
+            r["kind"]: (r["lease_s"], r["backoff_base_s"], r["backoff_cap_s"])
+            for r in await store._pool.fetch(
+                f"SELECT kind, lease_s, backoff_base_s, backoff_cap_s FROM {prefix}_jobs"
+            )
+        }
+    assert got == {
+        "inf-lease": (2592000.0, None, None),
+        "nan-lease": (None, None, None),  # the worker's lease
+        "tiny-lease": (0.5, None, None),
+        "swapped-curve": (60.0, None, None),  # the worker's curve
+        "inf-curve": (None, None, None),
+        "fine": (60.0, 1.0, 600.0),
+    }
 
 
 @pytest.mark.parametrize(

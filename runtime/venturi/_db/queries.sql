@@ -252,15 +252,18 @@ SELECT pg_advisory_xact_lock($1);
 SELECT 1;
 
 -- dedup_lock --
--- Serialize enqueues of one (kind, dedup key) across producers until the transaction ends.
+-- Serialize enqueues of one (queue, kind, dedup key) across producers until the transaction
+-- ends.
 SELECT pg_advisory_xact_lock($1);
 
 -- job_find_pending_duplicate --
--- The oldest pending job of this kind and key, locked for the merge decision. A job being
--- claimed right now stops matching once the claim commits (it is no longer pending).
+-- The oldest pending job of this kind and key in this queue ($3), locked for the merge
+-- decision: a job of another queue is never a candidate (no worker of this queue would run
+-- it). A job being claimed right now stops matching once the claim commits (it is no longer
+-- pending).
 SELECT id, payload::text, carry::text, run_count
 FROM {prefix}_jobs
-WHERE status = 'pending' AND kind = $1 AND dedup_key = $2
+WHERE status = 'pending' AND kind = $1 AND dedup_key = $2 AND queue = $3
 ORDER BY id
 LIMIT 1
 FOR UPDATE;
