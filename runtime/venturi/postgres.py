@@ -8,14 +8,15 @@ typed world above it (Queue, Worker) stays free of SQL.
 from __future__ import annotations
 
 import asyncio
+import functools
 import hashlib
 import ssl as ssl_module
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, TypeVar, cast
 
 import asyncpg
 import msgspec
@@ -32,7 +33,7 @@ from venturi._records import (
     Settlement,
     StaleJob,
 )
-from venturi.errors import StoreClosedError
+from venturi.errors import SchemaError, StoreClosedError
 from venturi.jobs import (
     CleanupCriteria,
     HistoryFilter,
@@ -90,6 +91,24 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
 def _lock_key(prefix: str) -> int:
     digest = hashlib.blake2b(f"venturi:migrate:{prefix}".encode(), digest_size=8).digest()
     return int.from_bytes(digest, "big", signed=True)
+
+
+_Method = TypeVar("_Method", bound=Callable[..., Awaitable[Any]])
+
+
+def _schema_required(method: _Method) -> _Method:
+    """Turn asyncpg's UndefinedTableError (an unmigrated prefix) into a `SchemaError` that
+    says to migrate. Caught, never pre-checked: it costs nothing until it happens. (The
+    single-row insert, the hottest call, does the same inline.)"""
+
+    @functools.wraps(method)
+    async def checked(self: PostgresStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(self, *args, **kwargs)
+        except asyncpg.UndefinedTableError as exc:
+            raise self._missing_schema(exc) from None
+
+    return cast(_Method, checked)
 
 
 class PostgresStore:
@@ -209,6 +228,7 @@ class PostgresStore:
             await conn.execute(self._q["lock_migrations"], _lock_key(self._prefix))
             await conn.execute(self._q["migration_table_create"])
             done = {r[0] for r in await conn.fetch(self._q["migration_list"])}
+            self._refuse_newer(done)
             for migration in sql.migrations(self._prefix):
                 if migration.version in done:
                     continue
@@ -217,6 +237,43 @@ class PostgresStore:
                 applied_now.append(migration.version)
         return applied_now
 
+    async def check_schema(self) -> None:
+        """Raise `SchemaError` unless the prefix's schema is exactly the one this release's
+        migrations make: missing tables or migrations say "run venturi migrate", migrations
+        this release does not know (a newer release migrated) say "upgrade venturi".
+
+        One small query; workers run it before they claim anything.
+        """
+        try:
+            rows = await self._pool_or_raise().fetch(self._q["migration_list"])
+        except asyncpg.UndefinedTableError as exc:
+            raise self._missing_schema(exc) from None
+        done = {r[0] for r in rows}
+        self._refuse_newer(done)
+        missing = sorted({m.version for m in sql.migrations(self._prefix)} - done)
+        if missing:
+            raise SchemaError(
+                f"the schema of prefix {self._prefix!r} lacks migrations {missing}: run "
+                f"`venturi migrate` (or `await store.migrate()`) before starting workers"
+            )
+
+    def _refuse_newer(self, done: set[int]) -> None:
+        unknown = sorted(done - {m.version for m in sql.migrations(self._prefix)})
+        if unknown:
+            raise SchemaError(
+                f"the schema of prefix {self._prefix!r} has migrations {unknown} that this "
+                f"release of venturi does not know: a newer release migrated it; upgrade "
+                f"venturi here (running against a schema it does not know could corrupt jobs)"
+            )
+
+    def _missing_schema(self, exc: asyncpg.UndefinedTableError) -> SchemaError:
+        """asyncpg's "relation ... does not exist" on an unmigrated prefix, said plainly (the
+        cause is kept: the operator matches "does not exist")."""
+        return SchemaError(
+            f"{exc}: the tables of prefix {self._prefix!r} are missing; run `venturi migrate` "
+            f"(or `await store.migrate()`) first"
+        )
+
     # -- producing -------------------------------------------------------------------
 
     async def insert(self, job: NewJob) -> None:
@@ -224,7 +281,10 @@ class PostgresStore:
         pool = self._pool_or_raise()
         if self._held_lock.locked() or not self._owns_pool:
             # Contended, or the caller's pool (which must close even if this store is not).
-            await pool.execute(query, *args)
+            try:
+                await pool.execute(query, *args)
+            except asyncpg.UndefinedTableError as exc:
+                raise self._missing_schema(exc) from None
             return
         async with self._held_lock:
             if self._held is None:
@@ -232,6 +292,8 @@ class PostgresStore:
             try:
                 await self._held.execute(query, *args)
             except BaseException as exc:
+                if isinstance(exc, asyncpg.UndefinedTableError):
+                    raise self._missing_schema(exc) from None
                 if isinstance(exc, asyncpg.PostgresError) and not isinstance(exc, _CONNECTION_LOST):
                     raise  # the statement failed; the connection is fine
                 # Broken or cancelled mid-statement: drop the connection whatever its state
@@ -241,6 +303,7 @@ class PostgresStore:
                 held.terminate()
                 raise
 
+    @_schema_required
     async def insert_many(self, jobs: Sequence[NewJob]) -> None:
         """Insert many jobs of one named queue in one statement (one round trip)."""
         if not jobs:
@@ -264,6 +327,7 @@ class PostgresStore:
             self.channel,
         )
 
+    @_schema_required
     async def insert_plain(
         self,
         ids: Sequence[ULID],
@@ -291,6 +355,7 @@ class PostgresStore:
             self.channel,
         )
 
+    @_schema_required
     async def insert_deduplicated(
         self, job: NewJob, decide: Callable[[ExistingJob], MergePlan]
     ) -> ULID:
@@ -485,10 +550,12 @@ class PostgresStore:
 
     # -- operations ------------------------------------------------------------------
 
+    @_schema_required
     async def get_job(self, job_id: ULID | uuid.UUID) -> Job | None:
         row = await self._pool_or_raise().fetchrow(self._q["job_get"], _as_uuid(job_id))
         return None if row is None else _job(row)
 
+    @_schema_required
     async def list_jobs(self, f: HistoryFilter) -> list[Job]:
         rows = await self._pool_or_raise().fetch(
             self._q["job_list"],
@@ -502,6 +569,7 @@ class PostgresStore:
         )
         return [_job(r) for r in rows]
 
+    @_schema_required
     async def cleanup(
         self,
         c: CleanupCriteria,
@@ -526,10 +594,12 @@ class PostgresStore:
             if n < batch_size:
                 return total
 
+    @_schema_required
     async def journal(self, job_id: ULID | uuid.UUID) -> list[JournalEntry]:
         rows = await self._pool_or_raise().fetch(self._q["journal_list_for_job"], _as_uuid(job_id))
         return list(_journal(rows))
 
+    @_schema_required
     async def stats(self) -> Stats:
         rows = await self._pool_or_raise().fetch(self._q["stats"])
         pending: dict[str, int] = {}

@@ -252,6 +252,7 @@ class Worker(Generic[AppT]):
             raise RuntimeError("a Worker runs once; create a new one")
         if not self._registry:
             raise ValueError("no task registered: call worker.register(TaskType, handler) first")
+        await self.store.check_schema()  # never run against a schema this release does not know
         self._started = True
         identity = str(self.identity)
         self._completer = Completer(self.store, worker=identity, on_settled=self._on_settled)

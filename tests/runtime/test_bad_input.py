@@ -25,6 +25,7 @@ from venturi import (
     PostgresStore,
     Priority,
     Queue,
+    SchemaError,
     Task,
     TaskError,
     Worker,
@@ -645,3 +646,55 @@ def test_worker_settings_at_their_bounds_and_documented_clamps(
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     assert Worker(None, store).metrics_host == "0.0.0.0"
     assert Worker(None, store, metrics_host="127.0.0.1").metrics_host == "127.0.0.1"
+
+
+# -- the schema: missing, older or newer than this release (issue 11) ----------------------
+
+
+async def test_an_unmigrated_prefix_says_to_migrate(pg_dsn: str, prefix: str) -> None:
+    async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
+        queue = Queue(store)
+        calls = [
+            queue.enqueue(Order(order_id=1)),
+            queue.enqueue_many([Order(order_id=1), Order(order_id=2)]),
+            queue.enqueue(Keyed("k")),
+            queue.stats(),
+            queue.job(ULID()),
+            queue.jobs(),
+            queue.job_journal(ULID()),
+            store.check_schema(),
+        ]
+        for call in calls:
+            with pytest.raises(
+                SchemaError,
+                match=r"does not exist: the tables of prefix .* are missing; run `venturi migrate`",
+            ):
+                await call
+        # Also when the store's held connection serves the enqueue (a second single enqueue).
+        with pytest.raises(SchemaError, match="run `venturi migrate`"):
+            await queue.enqueue(Order(order_id=2))
+        worker = Worker(None, store)
+        worker.register(Order, lambda t, c, a: None)  # type: ignore[arg-type,return-value]
+        with pytest.raises(SchemaError, match="run `venturi migrate`"):
+            await worker.run(asyncio.Event())
+
+
+async def test_a_schema_from_another_release_is_refused(store: PostgresStore) -> None:
+    worker = Worker(None, store)
+    worker.register(Order, lambda t, c, a: None)  # type: ignore[arg-type,return-value]
+    await store.check_schema()  # this release's schema: fine
+    await store._pool.execute(
+        f"INSERT INTO {store.prefix}_migrations (version, name) VALUES (999, 'from_the_future')"
+    )
+    with pytest.raises(
+        SchemaError, match=r"has migrations \[999\] that this release of venturi does not know"
+    ):
+        await store.migrate()
+    with pytest.raises(SchemaError, match=r"\[999\].*upgrade venturi"):
+        await store.check_schema()
+    with pytest.raises(SchemaError, match=r"\[999\]"):
+        await worker.run(asyncio.Event())
+    # Older: a migration of this release is missing.
+    await store._pool.execute(f"DELETE FROM {store.prefix}_migrations WHERE version IN (3, 999)")
+    with pytest.raises(SchemaError, match=r"lacks migrations \[3\]: run `venturi migrate`"):
+        await store.check_schema()
