@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import hashlib
+import math
 import ssl as ssl_module
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -22,7 +23,7 @@ import asyncpg
 import msgspec
 from ulid import ULID
 
-from venturi import codec
+from venturi import _dsn, codec
 from venturi._db import sql
 from venturi._records import (
     ClaimedJob,
@@ -139,28 +140,40 @@ class PostgresStore:
         ssl: ssl_module.SSLContext | bool | SSLMode | None = None,
         min_size: int = 1,
         max_size: int = 10,
-        connect_timeout: float = 10.0,
+        connect_timeout: float | None = None,
         statement_timeout: float | None = None,
-        application_name: str = "venturi",
+        application_name: str | None = None,
         **connect_kwargs: Any,
     ) -> PostgresStore:
-        """Open a pool to `dsn` (libpq URI or key=value; None reads the PG* env vars).
+        """Open a pool to `dsn`: a libpq URI (`postgresql://user:pw@host:5432/db`), a libpq
+        keyword/value string (`host=db dbname=app user=u password='a b'`), or None to read
+        the PG* environment variables.
 
         `ssl` is passed to asyncpg: an `ssl.SSLContext` for TLS with your own trust
-        settings, or a libpq sslmode string such as "verify-full". `statement_timeout`
-        (seconds) bounds every statement; `connect_timeout` bounds connecting. The
-        prefix is validated before any connection is made.
+        settings, or a libpq sslmode string such as "verify-full" (else the DSN's sslmode).
+        `statement_timeout` (seconds) bounds every statement; `connect_timeout` bounds
+        connecting (default: the DSN's connect_timeout, else 10 s); `application_name`
+        defaults to the DSN's, else "venturi". The prefix and the DSN's form are validated
+        before any connection is made.
         """
         sql.validate_prefix(prefix)
-        settings = {"application_name": application_name}
+        parsed = _dsn.connect_args(dsn)
+        settings = dict(parsed.server_settings)
+        if application_name is not None:
+            settings["application_name"] = application_name
+        settings.setdefault("application_name", "venturi")
         if statement_timeout is not None:
             settings["statement_timeout"] = str(int(statement_timeout * 1000))
+        timeout = connect_timeout if connect_timeout is not None else parsed.timeout
+        if timeout is None:
+            timeout = 10.0
         pool = await asyncpg.create_pool(
-            dsn,
+            parsed.dsn,
             min_size=min_size,
             max_size=max_size,
             ssl=ssl,
-            timeout=connect_timeout,
+            # asyncpg takes None (its stubs say float) for libpq's connect_timeout=0: no limit
+            timeout=None if math.isinf(timeout) else timeout,  # type: ignore[arg-type]
             server_settings=settings,
             reset=_keep_session,
             **connect_kwargs,
