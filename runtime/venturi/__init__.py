@@ -9,6 +9,7 @@ from venturi.errors import (
     AttachmentTooLarge,
     DuplicateKindError,
     PayloadError,
+    SchemaError,
     StoreClosedError,
     VenturiError,
 )
@@ -51,6 +52,7 @@ __all__ = [
     "PostgresStore",
     "Priority",
     "Queue",
+    "SchemaError",
     "Stats",
     "StoreClosedError",
     "Task",

@@ -28,7 +28,7 @@ from venturi._records import ClaimedJob, Settlement
 from venturi.backoff import Backoff, retry_delay
 from venturi.context import Context
 from venturi.errors import PayloadError
-from venturi.outcome import Outcome, PanicPolicy, TaskError
+from venturi.outcome import Outcome, PanicPolicy, TaskError, failure_note
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +185,7 @@ def _failure(
     permanent: bool,
 ) -> Settlement:
     """The run failed with `exc`; its carry and attachment are kept."""
-    message = exc.message if isinstance(exc, TaskError) else f"{type(exc).__name__}: {exc}"
+    message = failure_note(exc)
     carry_json, _ = _encode_carry(ctx)
     attachment = ctx.attachment.decode() if ctx.attachment is not None else None
     duration = time.monotonic() - started

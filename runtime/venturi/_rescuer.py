@@ -35,8 +35,6 @@ logger = logging.getLogger(__name__)
 
 EXPIRY_SLACK = 0.05
 """Seconds past the earliest expiry before looking, so the lease is surely over."""
-MAX_RECOVERY_DELAY = 315576000.0
-"""Seconds (10 years): the longest retry delay written, whatever a stored curve says."""
 
 
 def decide_recoveries(stale: list[StaleJob], policy: Policy) -> list[Recovery]:
@@ -53,9 +51,7 @@ def decide_recoveries(stale: list[StaleJob], policy: Policy) -> list[Recovery]:
             delay = retry_delay(
                 job_backoff(job, policy), failures, job.id.bytes, policy.jitter_fraction
             )
-            if not math.isfinite(delay) or delay < 0:
-                delay = 0.0 if math.isnan(delay) or delay < 0 else MAX_RECOVERY_DELAY
-            decisions.append(Recovery(job.id, False, min(delay, MAX_RECOVERY_DELAY), held))
+            decisions.append(Recovery(job.id, False, delay, held))
     return decisions
 
 

@@ -7,24 +7,46 @@ database adds it to its own `now()`.
 from __future__ import annotations
 
 import hashlib
+import math
 from dataclasses import dataclass
 from datetime import timedelta
 
 Seconds = float | timedelta
 """A duration: seconds as a number, or a `timedelta`."""
 
+MAX_DELAY = 10 * 365.25 * 86400
+"""Seconds (ten years): the longest delay anything accepts (a pause, `enqueue_in`, a retry
+curve's cap) and how far from now `enqueue_at` may schedule. Far beyond any real schedule,
+well inside what PostgreSQL's timestamps and intervals represent, and finite by design."""
 
-def to_seconds(value: Seconds, *, name: str) -> float:
-    """Normalize a duration to float seconds; negative or non-numeric values are errors."""
+
+def to_seconds(value: Seconds, *, name: str, low: float = 0.0, high: float = MAX_DELAY) -> float:
+    """Normalize a duration to float seconds, or raise naming `name` and the accepted range:
+    a TypeError for a non-number, a ValueError outside [low, high] (NaN and infinity too)."""
     if isinstance(value, timedelta):
         seconds = value.total_seconds()
     elif isinstance(value, int | float) and not isinstance(value, bool):
-        seconds = float(value)
+        try:
+            seconds = float(value)
+        except OverflowError:  # an int too large for a float
+            seconds = math.inf
     else:
         raise TypeError(f"{name}: expected seconds (a number) or a timedelta, got {value!r}")
-    if seconds < 0 or seconds != seconds:  # also rejects NaN
-        raise ValueError(f"{name}: expected a duration >= 0, got {value!r}")
+    if not low <= seconds <= high:  # also rejects NaN
+        raise ValueError(
+            f"{name}: expected a duration from {describe(low)} to {describe(high)}, "
+            f"got {value!r:.60}"
+        )
     return seconds
+
+
+def describe(seconds: float) -> str:
+    """A duration for messages: '0 s', '0.5 s', '1 day', '30 days', '10 years'."""
+    for unit, size in (("year", 365.25 * 86400), ("day", 86400.0), ("hour", 3600.0)):
+        if seconds >= size:
+            n = seconds / size
+            return f"{n:g} {unit}" + ("" if n == 1 else "s")
+    return f"{seconds:g} s"
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -38,11 +60,19 @@ class Backoff:
     base: float = 0.5
     """Seconds; the unit of the curve."""
     cap: float = 120.0
-    """Seconds; no retry waits longer than this (before jitter, which only shortens)."""
+    """Seconds; no retry waits longer than this (before jitter, which only shortens).
+    At most `MAX_DELAY`, and never below `base`."""
 
     def __init__(self, base: Seconds = 0.5, cap: Seconds = 120.0) -> None:
-        object.__setattr__(self, "base", to_seconds(base, name="Backoff.base"))
-        object.__setattr__(self, "cap", to_seconds(cap, name="Backoff.cap"))
+        base_s = to_seconds(base, name="Backoff.base")
+        cap_s = to_seconds(cap, name="Backoff.cap")
+        if base_s > cap_s:
+            raise ValueError(
+                f"Backoff: base ({base_s:g} s) must not exceed cap ({cap_s:g} s); "
+                f"Backoff(base, cap) takes the unit first"
+            )
+        object.__setattr__(self, "base", base_s)
+        object.__setattr__(self, "cap", cap_s)
 
     def delay(self, failures: int) -> float:
         """Seconds to wait after the `failures`-th failed execution, before jitter."""
@@ -75,6 +105,6 @@ def retry_delay(backoff: Backoff, failures: int, job_id: bytes, jitter_fraction:
     `[delay * (1 - jitter_fraction), delay]`, so the cap stays a true upper bound and
     many jobs failing together (an outage) spread out instead of retrying in lockstep.
     """
-    fraction = min(max(jitter_fraction, 0.0), 1.0)
+    fraction = min(jitter_fraction, 1.0) if jitter_fraction > 0.0 else 0.0  # NaN too: 0
     delay = backoff.delay(failures)
     return delay * (1.0 - fraction * jitter_unit(job_id, failures))

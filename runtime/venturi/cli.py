@@ -9,8 +9,9 @@
     venturi demo                             the demo (an embedded database without --dsn)
 
 Every command takes the DSN from --dsn or VENTURI_DSN and the prefix from --prefix or
-VENTURI_PREFIX; `--json` prints machine-readable output. A missing or unreachable database
-is one clear line on stderr and exit status 2, not a traceback.
+VENTURI_PREFIX; `--json` prints machine-readable output. A missing or unreachable database,
+an unmigrated schema, a bad argument or a worker factory that fails to load is one clear
+line on stderr and exit status 2, not a traceback (`--debug` adds the traceback).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ import os
 import re
 import signal
 import sys
+import traceback
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -32,6 +34,7 @@ import asyncpg
 from ulid import ULID
 
 from venturi.embedded import EmbeddedPostgresError
+from venturi.errors import SchemaError
 from venturi.jobs import CleanupCriteria, HistoryFilter, Job, JobStatus, JournalEntry, Stats
 from venturi.postgres import DEFAULT_PREFIX, PostgresStore
 from venturi.queue import Queue
@@ -52,7 +55,21 @@ def parse_duration(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(
             f"expected a duration like 90s, 15m, 12h, 7d, got {text!r}"
         )
-    return timedelta(seconds=float(match["n"]) * _UNITS[match["unit"]])
+    try:
+        return timedelta(seconds=float(match["n"]) * _UNITS[match["unit"]])
+    except OverflowError:  # beyond timedelta's 999,999,999 days (or an infinite float)
+        raise argparse.ArgumentTypeError(f"duration {text!r} is too long") from None
+
+
+def positive_int(text: str) -> int:
+    """An int >= 1, for counts on the command line."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -67,6 +84,9 @@ def _parser() -> argparse.ArgumentParser:
         help="table prefix (env VENTURI_PREFIX, default %(default)s)",
     )
     common.add_argument("--json", action="store_true", help="machine-readable output")
+    common.add_argument(
+        "--debug", action="store_true", help="print the traceback behind an error message"
+    )
     sub = parser.add_subparsers(dest="command", required=True)
 
     sub.add_parser("migrate", parents=[common], help="apply pending migrations")
@@ -93,8 +113,8 @@ def _parser() -> argparse.ArgumentParser:
     cleanup.add_argument("--status", choices=["completed", "dead"])
 
     demo = sub.add_parser("demo", parents=[common], help="run the demo (embedded DB without --dsn)")
-    demo.add_argument("--jobs", type=int, default=3000)
-    demo.add_argument("--concurrency", type=int, default=8)
+    demo.add_argument("--jobs", type=positive_int, default=3000)
+    demo.add_argument("--concurrency", type=positive_int, default=8)
     return parser
 
 
@@ -160,14 +180,30 @@ async def _worker(args: argparse.Namespace, store: PostgresStore) -> None:
         raise UsageError(f"worker: expected MODULE:FUNCTION, got {args.factory!r}")
     sys.path.insert(0, os.getcwd())
     try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise UsageError(f"worker: cannot load {args.factory!r}: {exc}") from None
-    built = factory(store) if inspect.signature(factory).parameters else factory()
-    if inspect.isawaitable(built):
-        built = await built
+        module = importlib.import_module(module_name)
+    except Exception as exc:  # ImportError, SyntaxError, or whatever the module raised
+        raise UsageError(f"worker: cannot import module {module_name!r}: {_describe(exc)}") from exc
+    factory = getattr(module, attr, None)
+    if factory is None:
+        raise UsageError(f"worker: module {module_name!r} has no attribute {attr!r}")
+    if not callable(factory):
+        raise UsageError(
+            f"worker: {args.factory} is not callable ({type(factory).__name__}); expected a "
+            f"function that returns a venturi.Worker"
+        )
+    try:
+        takes_store = bool(inspect.signature(factory).parameters)
+    except (TypeError, ValueError):  # no signature to inspect (some builtins): pass the store
+        takes_store = True
+    try:
+        built = factory(store) if takes_store else factory()
+        if inspect.isawaitable(built):
+            built = await built
+    except Exception as exc:
+        raise UsageError(f"worker: {args.factory}(store) failed: {_describe(exc)}") from exc
     if not isinstance(built, Worker):
-        raise UsageError(f"worker: {args.factory} returned {built!r}, not a venturi.Worker")
+        raise UsageError(f"worker: {args.factory} returned {built!r:.200}, not a venturi.Worker")
+    await store.check_schema()  # before saying "serving" (run() checks again)
     shutdown = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
@@ -186,9 +222,22 @@ async def _worker(args: argparse.Namespace, store: PostgresStore) -> None:
         os._exit(0)
 
 
+def _describe(exc: BaseException) -> str:
+    """One line for an exception: its type and the first line of its message."""
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
 async def _cleanup(args: argparse.Namespace, store: PostgresStore) -> None:
+    try:
+        cutoff = datetime.now(UTC) - args.older_than
+    except OverflowError:
+        raise UsageError(
+            f"cleanup: --older-than {args.older_than.days:,} days reaches back before the "
+            f"year 1; nothing is that old"
+        ) from None
     criteria = CleanupCriteria(
-        finished_before=datetime.now(UTC) - args.older_than,
+        finished_before=cutoff,
         kind=args.kind,
         status=JobStatus(args.status) if args.status else None,
     )
@@ -339,17 +388,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         return asyncio.run(_run(args))
-    except UsageError as exc:
-        print(f"venturi: {exc}", file=sys.stderr)
-        return 2
+    except (UsageError, SchemaError, ValueError) as exc:
+        return _fail(args, exc, f"venturi: {exc}")
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, EmbeddedPostgresError) as exc:
-        print(f"venturi: database error: {exc}", file=sys.stderr)
-        return 2
-    except ValueError as exc:
-        print(f"venturi: {exc}", file=sys.stderr)
-        return 2
+        return _fail(args, exc, f"venturi: database error: {exc}")
     except KeyboardInterrupt:
         return 130
+
+
+def _fail(args: argparse.Namespace, exc: BaseException, line: str) -> int:
+    if args.debug:
+        traceback.print_exception(exc)
+    print(line, file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

@@ -1,8 +1,10 @@
 """Payload and carry encoding: JSON through msgspec (fast, typed decoding, clear errors).
 
 Encoding failures name the offending field and raise `PayloadError` before anything is
-stored; decoding failures at claim time become a dead job with the decoder's message
-(which names the path, e.g. "Expected `int`, got `str` - at `$.account_id`").
+stored: numbers JSON cannot hold (NaN, infinity: msgspec would write `null`), strings with
+a NUL character (PostgreSQL's jsonb refuses them) and nesting too deep to encode are refused,
+never silently changed. Decoding failures at claim time become a dead job with the decoder's
+message (which names the path, e.g. "Expected `int`, got `str` - at `$.account_id`").
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from typing import Any
 
 import msgspec
 
+from venturi._storable import json_problem
 from venturi.errors import PayloadError
 
 _encoder = msgspec.json.Encoder()
@@ -23,10 +26,26 @@ def encode(value: Any, *, role: str = "payload", kind: str = "") -> str:
     `role` and `kind` only describe the value in the error (built only on failure: this is
     the bulk-enqueue hot path)."""
     try:
-        return _encoder.encode(value).decode()
+        data = _encoder.encode(value)
+    except RecursionError:
+        raise PayloadError(
+            f"cannot encode {_what(value, role, kind)}: {_culprit(value)}nested too deeply "
+            f"(more levels than Python's recursion limit allows)"
+        ) from None
     except (TypeError, ValueError, msgspec.EncodeError, OverflowError) as exc:
-        what = f"{role} of {type(value).__qualname__}" + (f" ({kind})" if kind else "")
-        raise PayloadError(f"cannot encode {what}: {_culprit(value)}{exc}") from None
+        raise PayloadError(
+            f"cannot encode {_what(value, role, kind)}: {_culprit(value)}{exc}"
+        ) from None
+    # NaN and infinity are written as null, a NUL as \u0000: scan (fast) before looking.
+    if data.find(b"null") != -1 or 92 in data:  # 92: a backslash
+        problem = json_problem(data, value)
+        if problem is not None:
+            raise PayloadError(f"cannot encode {_what(value, role, kind)}: {problem}")
+    return data.decode()
+
+
+def _what(value: Any, role: str, kind: str) -> str:
+    return f"{role} of {type(value).__qualname__}" + (f" ({kind})" if kind else "")
 
 
 def _culprit(value: Any) -> str:
@@ -40,7 +59,7 @@ def _culprit(value: Any) -> str:
     for name in names:
         try:
             _encoder.encode(getattr(value, name))
-        except (TypeError, ValueError, msgspec.EncodeError, OverflowError):
+        except (TypeError, ValueError, msgspec.EncodeError, OverflowError, RecursionError):
             return f"field {name!r} ({type(getattr(value, name)).__name__}): "
     return ""
 

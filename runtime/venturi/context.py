@@ -13,6 +13,7 @@ from typing import Any, Generic, TypeVar
 import msgspec
 from ulid import ULID
 
+from venturi._storable import json_problem
 from venturi.errors import AttachmentTooLarge
 from venturi.jobs import JournalEntry
 
@@ -53,13 +54,22 @@ class Context(Generic[C]):
     def attach(self, value: Any) -> None:
         """Store a JSON value on this run's journal entry (replacing an earlier one).
 
-        Raises `AttachmentTooLarge` when the encoded JSON exceeds the cap, and a
-        `TypeError` when the value is not JSON-serializable; the run itself goes on.
+        Raises `AttachmentTooLarge` when the encoded JSON exceeds the cap, a `TypeError`
+        when the value is not JSON-serializable, and a `ValueError` when JSON would not store
+        it faithfully (NaN or infinity, a NUL character in a string, nesting too deep); the
+        run itself goes on, and the earlier attachment (if any) is kept.
         """
         try:
             encoded = _encoder.encode(value)
         except (TypeError, msgspec.EncodeError) as exc:
             raise TypeError(f"ctx.attach: value is not JSON-serializable: {exc}") from None
+        except RecursionError:
+            raise ValueError("ctx.attach: value is nested too deeply to encode") from None
+        except (ValueError, OverflowError) as exc:
+            raise ValueError(f"ctx.attach: value cannot be encoded: {exc}") from None
+        problem = json_problem(encoded, value)
+        if problem is not None:
+            raise ValueError(f"ctx.attach: {problem}")
         if len(encoded) > ATTACHMENT_MAX_BYTES:
             raise AttachmentTooLarge(
                 f"ctx.attach: attachment is {len(encoded)} bytes of JSON, "

@@ -4,6 +4,7 @@
     ├── PayloadError          (also a ValueError) a task's payload cannot be encoded
     ├── AttachmentTooLarge    (also a ValueError) ctx.attach() got more than the cap
     ├── DuplicateKindError    (also a ValueError) two task types registered under one KIND
+    ├── SchemaError           the tables are missing, or their schema is not this release's
     └── StoreClosedError      the store was closed; create a new one
 
 `TaskError` (in `venturi.outcome`) is not here: handlers raise it to choose an outcome,
@@ -27,6 +28,11 @@ class AttachmentTooLarge(VenturiError, ValueError):
 
 class DuplicateKindError(VenturiError, ValueError):
     """Two different task types were registered under the same KIND."""
+
+
+class SchemaError(VenturiError):
+    """The prefix's tables are missing (run `venturi migrate`), or their schema was made by
+    another release of venturi (older: migrate; newer: upgrade venturi)."""
 
 
 class StoreClosedError(VenturiError):

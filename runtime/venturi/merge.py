@@ -28,14 +28,42 @@ from venturi.jobs import JournalEntry
 T = TypeVar("T")
 
 
+DEDUP_KEY_MAX_BYTES = 2000
+"""The longest dedup key, in bytes of UTF-8: with a KIND and a queue name (200 characters
+each, at most) it stays within what one entry of the candidacy index can hold (2,704 bytes)."""
+
+
 @dataclass(frozen=True, slots=True)
 class DedupKey:
-    """A candidacy key: any value, compared by its string form within one KIND."""
+    """A candidacy key: any value, compared by its string form within one KIND and queue.
+
+    The string form must hold no NUL character and at most 2,000 bytes of UTF-8 (a
+    ValueError otherwise): hash a longer identity yourself if you need one.
+    """
 
     value: str
 
     def __init__(self, value: object) -> None:
-        object.__setattr__(self, "value", str(value))
+        text = str(value)
+        if "\x00" in text:
+            raise ValueError(
+                f"DedupKey: the key holds a NUL character (\\x00), which PostgreSQL cannot "
+                f"store: {text!r:.80}"
+            )
+        size = len(text)
+        if not text.isascii():
+            try:
+                size = len(text.encode())
+            except UnicodeEncodeError:
+                raise ValueError(
+                    f"DedupKey: the key is not valid Unicode (a lone surrogate): {text!r:.80}"
+                ) from None
+        if size > DEDUP_KEY_MAX_BYTES:
+            raise ValueError(
+                f"DedupKey: the key is {size:,} bytes of UTF-8, over the "
+                f"{DEDUP_KEY_MAX_BYTES:,}-byte limit (hash a long identity, e.g. with hashlib)"
+            )
+        object.__setattr__(self, "value", text)
 
 
 class MergeAction(enum.StrEnum):

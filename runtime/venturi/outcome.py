@@ -5,6 +5,10 @@ return Outcome.completed(note="sent")       # done, with a journal note
 return Outcome.pause_in(30)                 # re-pend with the carry; not a failure
 raise TaskError.retryable("upstream 503")   # retry with backoff (any exception does)
 raise TaskError.permanent("account gone")   # dead at once, no retry
+
+Values are checked where they are made, so a settlement can never fail on them: a note or
+message must be a string (a NUL in it is escaped as `\\x00`), a pause lasts a finite delay
+of at most `MAX_DELAY` (about ten years).
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import enum
 from dataclasses import dataclass
 from typing import Literal
 
+from venturi._storable import safe_text
 from venturi.backoff import Seconds, to_seconds
 
 
@@ -24,6 +29,16 @@ class Outcome:
     note: str | None = None
     delay: float = 0.0
     """Seconds until a paused job is eligible again (0 for completed jobs)."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("completed", "paused"):
+            raise ValueError(f"Outcome.kind: expected 'completed' or 'paused', got {self.kind!r}")
+        if self.note is not None:
+            object.__setattr__(self, "note", _text(self.note, "Outcome note"))
+        if self.kind == "paused":
+            object.__setattr__(self, "delay", to_seconds(self.delay, name="pause_in(delay)"))
+        elif self.delay != 0.0:
+            raise ValueError(f"Outcome.completed has no delay, got {self.delay!r}")
 
     @classmethod
     def completed(cls, note: str | None = None) -> Outcome:
@@ -40,6 +55,26 @@ class Outcome:
         return cls("paused", note, to_seconds(delay, name="pause_in(delay)"))
 
 
+def _text(value: object, what: str) -> str:
+    if not isinstance(value, str):
+        raise TypeError(f"{what}: expected a str, got {type(value).__name__} {value!r:.80}")
+    return safe_text(value)
+
+
+def failure_note(exc: BaseException) -> str:
+    """The journal note (and `last_error`) for a failed run: a `TaskError`'s message, or
+    "Type: message" for any other exception. Always storable text, even when the exception's
+    message holds a NUL or its `__str__` itself raises."""
+    message = getattr(exc, "message", None) if isinstance(exc, TaskError) else None
+    if isinstance(message, str):
+        return safe_text(message)
+    try:
+        text = str(exc)
+    except Exception as inner:
+        text = f"<unprintable: its __str__ raised {type(inner).__name__}>"
+    return safe_text(f"{type(exc).__name__}: {text}")
+
+
 class TaskError(Exception):
     """Raise from a handler to fail the run on purpose.
 
@@ -48,6 +83,7 @@ class TaskError(Exception):
     """
 
     def __init__(self, message: str, *, permanent: bool = False) -> None:
+        message = _text(message, "TaskError message")
         super().__init__(message)
         self.message = message
         self.is_permanent = permanent

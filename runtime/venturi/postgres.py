@@ -9,20 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
+import math
 import ssl as ssl_module
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from datetime import datetime
 from types import TracebackType
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, TypeVar, cast
 
 import asyncpg
 import msgspec
 from ulid import ULID
 
-from venturi import codec
+from venturi import _dsn, codec
 from venturi._db import sql
 from venturi._db.failures import breaks_connection
 from venturi._records import (
@@ -34,7 +36,7 @@ from venturi._records import (
     Settlement,
     StaleJob,
 )
-from venturi.errors import StoreClosedError
+from venturi.errors import SchemaError, StoreClosedError
 from venturi.jobs import (
     CleanupCriteria,
     HistoryFilter,
@@ -94,6 +96,24 @@ def _lock_key(prefix: str) -> int:
     return int.from_bytes(digest, "big", signed=True)
 
 
+_Method = TypeVar("_Method", bound=Callable[..., Awaitable[Any]])
+
+
+def _schema_required(method: _Method) -> _Method:
+    """Turn asyncpg's UndefinedTableError (an unmigrated prefix) into a `SchemaError` that
+    says to migrate. Caught, never pre-checked: it costs nothing until it happens. (The
+    single-row insert, the hottest call, does the same inline.)"""
+
+    @functools.wraps(method)
+    async def checked(self: PostgresStore, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return await method(self, *args, **kwargs)
+        except asyncpg.UndefinedTableError as exc:
+            raise self._missing_schema(exc) from None
+
+    return cast(_Method, checked)
+
+
 class PostgresStore:
     """Jobs and their journal in PostgreSQL, under one table prefix.
 
@@ -132,32 +152,44 @@ class PostgresStore:
         ssl: ssl_module.SSLContext | bool | SSLMode | None = None,
         min_size: int = 1,
         max_size: int = 10,
-        connect_timeout: float = 10.0,
+        connect_timeout: float | None = None,
         statement_timeout: float | None = None,
-        application_name: str = "venturi",
+        application_name: str | None = None,
         **connect_kwargs: Any,
     ) -> PostgresStore:
-        """Open a pool to `dsn` (libpq URI or key=value; None reads the PG* env vars).
+        """Open a pool to `dsn`: a libpq URI (`postgresql://user:pw@host:5432/db`), a libpq
+        keyword/value string (`host=db dbname=app user=u password='a b'`), or None to read
+        the PG* environment variables.
 
         `ssl` is passed to asyncpg: an `ssl.SSLContext` for TLS with your own trust
-        settings, or a libpq sslmode string such as "verify-full". `statement_timeout`
-        (seconds) bounds every statement; `connect_timeout` bounds connecting. The
-        prefix is validated before any connection is made.
+        settings, or a libpq sslmode string such as "verify-full" (else the DSN's sslmode).
+        `statement_timeout` (seconds) bounds every statement; `connect_timeout` bounds
+        connecting (default: the DSN's connect_timeout, else 10 s); `application_name`
+        defaults to the DSN's, else "venturi". The prefix and the DSN's form are validated
+        before any connection is made.
         """
         sql.validate_prefix(prefix)
-        settings = {"application_name": application_name}
+        parsed = _dsn.connect_args(dsn)
+        settings = dict(parsed.server_settings)
+        if application_name is not None:
+            settings["application_name"] = application_name
+        settings.setdefault("application_name", "venturi")
         if statement_timeout is not None:
             settings["statement_timeout"] = str(int(statement_timeout * 1000))
+        timeout = connect_timeout if connect_timeout is not None else parsed.timeout
+        if timeout is None:
+            timeout = 10.0
         options: dict[str, Any] = {
             "ssl": ssl,
-            "timeout": connect_timeout,
+            # asyncpg takes None (its stubs say float) for libpq's connect_timeout=0: no limit
+            "timeout": None if math.isinf(timeout) else timeout,
             "server_settings": settings,
             **connect_kwargs,
         }
         pool = await asyncpg.create_pool(
-            dsn, min_size=min_size, max_size=max_size, reset=_keep_session, **options
+            parsed.dsn, min_size=min_size, max_size=max_size, reset=_keep_session, **options
         )
-        return cls(pool, prefix=prefix, owns_pool=True, connect_args=(dsn, options))
+        return cls(pool, prefix=prefix, owns_pool=True, connect_args=(parsed.dsn, options))
 
     @classmethod
     def from_pool(cls, pool: asyncpg.Pool, *, prefix: str = DEFAULT_PREFIX) -> PostgresStore:
@@ -300,6 +332,7 @@ class PostgresStore:
             await conn.execute(self._q["lock_migrations"], _lock_key(self._prefix))
             await conn.execute(self._q["migration_table_create"])
             done = {r[0] for r in await conn.fetch(self._q["migration_list"])}
+            self._refuse_newer(done)
             for migration in sql.migrations(self._prefix):
                 if migration.version in done:
                     continue
@@ -308,6 +341,43 @@ class PostgresStore:
                 applied_now.append(migration.version)
         return applied_now
 
+    async def check_schema(self) -> None:
+        """Raise `SchemaError` unless the prefix's schema is exactly the one this release's
+        migrations make: missing tables or migrations say "run venturi migrate", migrations
+        this release does not know (a newer release migrated) say "upgrade venturi".
+
+        One small query; workers run it before they claim anything.
+        """
+        try:
+            rows = await self._fetch(self._q["migration_list"])
+        except asyncpg.UndefinedTableError as exc:
+            raise self._missing_schema(exc) from None
+        done = {r[0] for r in rows}
+        self._refuse_newer(done)
+        missing = sorted({m.version for m in sql.migrations(self._prefix)} - done)
+        if missing:
+            raise SchemaError(
+                f"the schema of prefix {self._prefix!r} lacks migrations {missing}: run "
+                f"`venturi migrate` (or `await store.migrate()`) before starting workers"
+            )
+
+    def _refuse_newer(self, done: set[int]) -> None:
+        unknown = sorted(done - {m.version for m in sql.migrations(self._prefix)})
+        if unknown:
+            raise SchemaError(
+                f"the schema of prefix {self._prefix!r} has migrations {unknown} that this "
+                f"release of venturi does not know: a newer release migrated it; upgrade "
+                f"venturi here (running against a schema it does not know could corrupt jobs)"
+            )
+
+    def _missing_schema(self, exc: asyncpg.UndefinedTableError) -> SchemaError:
+        """asyncpg's "relation ... does not exist" on an unmigrated prefix, said plainly (the
+        cause is kept: the operator matches "does not exist")."""
+        return SchemaError(
+            f"{exc}: the tables of prefix {self._prefix!r} are missing; run `venturi migrate` "
+            f"(or `await store.migrate()`) first"
+        )
+
     # -- producing -------------------------------------------------------------------
 
     async def insert(self, job: NewJob) -> None:
@@ -315,7 +385,10 @@ class PostgresStore:
         pool = self._pool_or_raise()
         if self._held_lock.locked() or not self._owns_pool or self.pool_max_size < 3:
             # Contended, or the caller's pool (which must close even if this store is not).
-            await self._execute(query, *args)
+            try:
+                await self._execute(query, *args)
+            except asyncpg.UndefinedTableError as exc:
+                raise self._missing_schema(exc) from None
             return
         async with self._held_lock:
             if self._held is None:
@@ -323,6 +396,8 @@ class PostgresStore:
             try:
                 await self._held.execute(query, *args)
             except BaseException as exc:
+                if isinstance(exc, asyncpg.UndefinedTableError):
+                    raise self._missing_schema(exc) from None
                 if not breaks_connection(exc):
                     raise  # the statement failed; the connection is fine
                 # Broken or cancelled mid-statement: drop the connection whatever its state
@@ -333,6 +408,7 @@ class PostgresStore:
                 await _release(pool, held)
                 raise
 
+    @_schema_required
     async def insert_many(self, jobs: Sequence[NewJob]) -> None:
         """Insert many jobs of one named queue in one statement (one round trip)."""
         if not jobs:
@@ -356,6 +432,7 @@ class PostgresStore:
             self.channel,
         )
 
+    @_schema_required
     async def insert_plain(
         self,
         ids: Sequence[ULID],
@@ -383,20 +460,22 @@ class PostgresStore:
             self.channel,
         )
 
+    @_schema_required
     async def insert_deduplicated(
         self, job: NewJob, decide: Callable[[ExistingJob], MergePlan]
     ) -> ULID:
-        """Insert `job` unless a pending job of the same kind and dedup key exists; then
-        `decide` (pure) chooses, and the plan is applied. Returns the id that holds the work.
+        """Insert `job` unless a pending job of the same queue, kind and dedup key exists;
+        then `decide` (pure) chooses, and the plan is applied. Returns the id that holds the
+        work.
 
-        Producers of one (kind, key) are serialized by an advisory lock, so concurrent
+        Producers of one (queue, kind, key) are serialized by an advisory lock, so concurrent
         enqueues end as the merge policy says, never with two rows where it said one.
         """
         assert job.dedup_key is not None
         async with self._transaction() as conn:
             await conn.execute(self._q["dedup_lock"], _dedup_lock_key(self._prefix, job))
             row = await conn.fetchrow(
-                self._q["job_find_pending_duplicate"], job.kind, job.dedup_key
+                self._q["job_find_pending_duplicate"], job.kind, job.dedup_key, job.queue
             )
             if row is not None:
                 journal = await conn.fetch(self._q["journal_list_for_job"], row[0])
@@ -647,10 +726,12 @@ class PostgresStore:
 
     # -- operations ------------------------------------------------------------------
 
+    @_schema_required
     async def get_job(self, job_id: ULID | uuid.UUID) -> Job | None:
         row = await self._fetchrow(self._q["job_get"], _as_uuid(job_id))
         return None if row is None else _job(row)
 
+    @_schema_required
     async def list_jobs(self, f: HistoryFilter) -> list[Job]:
         rows = await self._fetch(
             self._q["job_list"],
@@ -664,6 +745,7 @@ class PostgresStore:
         )
         return [_job(r) for r in rows]
 
+    @_schema_required
     async def cleanup(
         self,
         c: CleanupCriteria,
@@ -688,10 +770,12 @@ class PostgresStore:
             if n < batch_size:
                 return total
 
+    @_schema_required
     async def journal(self, job_id: ULID | uuid.UUID) -> list[JournalEntry]:
         rows = await self._fetch(self._q["journal_list_for_job"], _as_uuid(job_id))
         return list(_journal(rows))
 
+    @_schema_required
     async def stats(self) -> Stats:
         rows = await self._fetch(self._q["stats"])
         pending: dict[str, int] = {}
@@ -806,7 +890,8 @@ def _insert_args(job: NewJob) -> tuple[Any, ...]:
 
 
 def _dedup_lock_key(prefix: str, job: NewJob) -> int:
-    key = f"venturi:dedup:{prefix}:{job.kind}:{job.dedup_key}".encode()
+    # Unambiguous: neither a prefix nor a queue name nor a KIND can hold a NUL.
+    key = f"venturi:dedup:{prefix}\0{job.queue}\0{job.kind}\0{job.dedup_key}".encode()
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big", signed=True)
 
 

@@ -13,7 +13,7 @@ import os
 import threading
 import time
 from collections.abc import Iterable
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from ulid import ULID
@@ -21,7 +21,8 @@ from ulid import ULID
 from venturi import codec
 from venturi._hooks import metrics_hooks
 from venturi._records import ExistingJob, MergePlan, NewJob
-from venturi.backoff import Seconds, to_seconds
+from venturi._settings import check_lease, check_queue_name
+from venturi.backoff import MAX_DELAY, Backoff, Seconds, to_seconds
 from venturi.jobs import CleanupCriteria, HistoryFilter, Job, JobStatus, JournalEntry, Stats
 from venturi.merge import DedupKey, Merge, MergeAction, Pending
 from venturi.postgres import PostgresStore
@@ -79,7 +80,7 @@ class Queue:
         self, store: PostgresStore, *, queue: str = DEFAULT_QUEUE, metrics: bool = False
     ) -> None:
         self.store = store
-        self.queue = queue
+        self.queue = check_queue_name(queue)
         self.hooks = metrics_hooks(metrics)
 
     async def enqueue(self, task: Task[Any], *, priority: Priority | None = None) -> ULID:
@@ -153,9 +154,12 @@ class Queue:
     async def enqueue_at(
         self, task: Task[Any], when: datetime, *, priority: Priority | None = None
     ) -> ULID:
-        """Store a job that becomes eligible at `when` (a timezone-aware datetime)."""
+        """Store a job that becomes eligible at `when` (a timezone-aware datetime, within ten
+        years of now either way)."""
         if not isinstance(when, datetime) or when.tzinfo is None:
             raise ValueError(f"enqueue_at: `when` must be a timezone-aware datetime, got {when!r}")
+        if abs((when - datetime.now(UTC)).total_seconds()) > MAX_DELAY:
+            raise ValueError(f"enqueue_at: `when` must be within 10 years of now, got {when!r}")
         return await self._store(task, self._new_job(task, priority=priority, run_at=when))
 
     async def enqueue_in(
@@ -252,6 +256,8 @@ class Queue:
             tier = Priority(tier)
         lease = task.lease()
         backoff = task.backoff()
+        if backoff is not None and not isinstance(backoff, Backoff):
+            raise TypeError(f"{kind}.backoff() must return a Backoff or None, got {backoff!r}")
         dedup = task.dedup_key()
         if dedup is not None and not isinstance(dedup, DedupKey):
             raise TypeError(f"{kind}.dedup_key() must return a DedupKey or None, got {dedup!r}")
@@ -263,7 +269,7 @@ class Queue:
             payload=payload,
             run_at=run_at,
             delay_s=delay_s,
-            lease_s=to_seconds(lease, name=f"{kind}.lease()") if lease is not None else None,
+            lease_s=check_lease(lease, setting=f"{kind}.lease()") if lease is not None else None,
             backoff_base_s=backoff.base if backoff is not None else None,
             backoff_cap_s=backoff.cap if backoff is not None else None,
             dedup_key=dedup.value if dedup is not None else None,

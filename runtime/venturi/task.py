@@ -31,7 +31,8 @@ from venturi.merge import DedupKey, Merge, Pending
 C = TypeVar("C", default=None)
 """The carry type; tasks that declare none carry nothing (`Task` is `Task[None]`)."""
 
-_KIND = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,199}")
+KIND_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,199}")
+"""What a KIND (and a queue name) may be: 1-200 characters, letters, digits and _ . : / -."""
 
 
 class Priority(enum.IntEnum):
@@ -60,6 +61,7 @@ class Task(Generic[C]):
 
         It must exceed the handler's real runtime between lease renewals; `None` uses the
         worker's `lease` (15 minutes by default). Renewal keeps live jobs from expiring.
+        From 0.5 s to 30 days; anything else fails the enqueue with a ValueError.
         """
         return None
 
@@ -85,10 +87,19 @@ def kind_of(task_type: type[Task[Any]]) -> str:
     """Validate a task class and return its KIND, or raise a TypeError/ValueError naming it."""
     if not isinstance(task_type, type) or not issubclass(task_type, Task):
         raise TypeError(f"expected a Task subclass, got {task_type!r}")
-    kind = task_type.__dict__.get("KIND", getattr(task_type, "KIND", None))
+    kind = task_type.__dict__.get("KIND")
+    if kind is None:
+        inherited = getattr(task_type, "KIND", None)
+        if isinstance(inherited, str):
+            owner = next((k for k in task_type.__mro__ if "KIND" in vars(k)), task_type)
+            raise TypeError(
+                f"{task_type.__qualname__} inherits KIND {inherited!r} from "
+                f"{owner.__qualname__}: each task class declares its own KIND (its jobs "
+                f"would otherwise be handled as {owner.__qualname__}, without its own fields)"
+            )
     if not isinstance(kind, str):
         raise TypeError(f"{task_type.__qualname__} must define KIND as a string class attribute")
-    if not _KIND.fullmatch(kind):
+    if not KIND_PATTERN.fullmatch(kind):
         raise ValueError(
             f"{task_type.__qualname__}.KIND {kind!r} is invalid: expected 1-200 characters, "
             f"letters, digits and _ . : / -, starting with a letter or digit"

@@ -32,15 +32,16 @@ from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from venturi._completer import Completer
-from venturi._db.failures import is_database_failure
+from venturi._db.failures import is_configuration_error, is_database_failure
 from venturi._executor import Abort, Handler, Policy, Registration, execute
 from venturi._hooks import metrics_hooks
 from venturi._notifier import Notifier
 from venturi._outage import Outage, next_delay
 from venturi._records import ClaimedJob, Settlement
 from venturi._rescuer import Rescuer
+from venturi._settings import worker_settings
 from venturi._slots import plan_slots
-from venturi.backoff import DEFAULT_BACKOFF, Backoff, Seconds, to_seconds
+from venturi.backoff import DEFAULT_BACKOFF, Backoff, Seconds
 from venturi.errors import DuplicateKindError
 from venturi.identity import WorkerIdentity
 from venturi.outcome import PanicPolicy
@@ -147,7 +148,8 @@ class Worker(Generic[AppT]):
     - `identity`: who the worker is, on every claim and journal entry (`host:pid#tag`, and
       the pod name in Kubernetes); each Worker gets its own, and two must never share one.
     - `metrics`: record Prometheus metrics (needs `venturi[metrics]`); `metrics_port`
-      also serves them on /metrics from this process, on `metrics_host` (all interfaces).
+      also serves them on /metrics from this process, on `metrics_host` (all interfaces
+      inside a Kubernetes pod, 127.0.0.1 elsewhere).
     - `prefetch`: while handlers run shorter than a claim's round trip, claim up to one
       batch ahead so slots never wait on the database (True); never for capped kinds.
     """
@@ -170,46 +172,44 @@ class Worker(Generic[AppT]):
         identity: WorkerIdentity | None = None,
         metrics: bool = False,
         metrics_port: int | None = None,
-        metrics_host: str = "0.0.0.0",  # all interfaces: pods are scraped from outside
+        metrics_host: str | None = None,  # all interfaces in a pod, else 127.0.0.1
         prefetch: bool = True,
     ) -> None:
         if concurrency is None:
             concurrency = default_concurrency()
-        if not isinstance(concurrency, int) or concurrency < 1:
-            raise ValueError(f"concurrency: expected an int >= 1, got {concurrency!r}")
-        if backstop is not None and (not isinstance(backstop, int) or backstop < 1):
-            raise ValueError(f"backstop: expected an int >= 1 or None, got {backstop!r}")
-        if priority_ratio is not None and (
-            not isinstance(priority_ratio, int) or priority_ratio < 1
-        ):
-            raise ValueError(
-                f"priority_ratio: expected an int >= 1 or None, got {priority_ratio!r}"
-            )
-        if not isinstance(backoff, Backoff):
-            raise TypeError(f"backoff: expected a venturi.Backoff, got {backoff!r}")
-        if not isinstance(panic_policy, PanicPolicy):
-            raise TypeError(f"panic_policy: expected a venturi.PanicPolicy, got {panic_policy!r}")
+        settings = worker_settings(
+            concurrency=concurrency,
+            poll_max=poll_max,
+            lease=lease,
+            shutdown_timeout=shutdown_timeout,
+            backoff=backoff,
+            jitter_fraction=jitter_fraction,
+            backstop=backstop,
+            priority_ratio=priority_ratio,
+            panic_policy=panic_policy,
+            queue=queue,
+            metrics_port=metrics_port,
+            metrics_host=metrics_host,
+        )
         self.app = app
         self.store = store
-        self.concurrency = concurrency
-        self.poll_max = to_seconds(poll_max, name="poll_max") or 0.001
-        self.lease = to_seconds(lease, name="lease")
-        if self.lease <= 0:
-            raise ValueError(f"lease: expected a duration > 0, got {lease!r}")
-        self.shutdown_timeout = to_seconds(shutdown_timeout, name="shutdown_timeout")
-        self.priority_ratio = priority_ratio
-        self.queue = queue
+        self.concurrency = settings.concurrency
+        self.poll_max = settings.poll_max
+        self.lease = settings.lease
+        self.shutdown_timeout = settings.shutdown_timeout
+        self.priority_ratio = settings.priority_ratio
+        self.queue = settings.queue
         self.identity = identity or WorkerIdentity.current()
         self.policy = Policy(
-            backoff=backoff,
-            jitter_fraction=min(max(float(jitter_fraction), 0.0), 1.0),
-            backstop=backstop,
-            panic_policy=panic_policy,
+            backoff=settings.backoff,
+            jitter_fraction=settings.jitter_fraction,
+            backstop=settings.backstop,
+            panic_policy=settings.panic_policy,
         )
         self.prefetch = prefetch
         self.hooks = metrics_hooks(metrics or metrics_port is not None)
-        self.metrics_port = metrics_port
-        self.metrics_host = metrics_host
+        self.metrics_port = settings.metrics_port
+        self.metrics_host = settings.metrics_host
         self._registry: dict[str, Registration] = {}
         self._running: dict[uuid.UUID, _Running] = {}
         self._buffer: deque[_Running] = deque()
@@ -300,6 +300,7 @@ class Worker(Generic[AppT]):
         if not self._registry:
             raise ValueError("no task registered: call worker.register(TaskType, handler) first")
         self._check_pool()
+        await self._check_schema()  # never run against a schema this release does not know
         self._started = True
         identity = str(self.identity)
         self._completer = Completer(
@@ -380,6 +381,22 @@ class Worker(Generic[AppT]):
                 self._counters.claimed,
                 dict(self._counters.settled),
             )
+
+    async def _check_schema(self) -> None:
+        """`store.check_schema()`, waiting out a database that is not up yet; an error that
+        waiting cannot mend (credentials, a missing database, a schema mismatch) raises."""
+        delay = 0.0
+        while True:
+            try:
+                await self.store.check_schema()
+                break
+            except Exception as exc:
+                if not is_database_failure(exc) or is_configuration_error(exc):
+                    raise
+                self._outage.failed("starting", exc)
+                delay = next_delay(delay)
+                await self._outage.wait(delay)
+        self._outage.ok()
 
     def _check_pool(self) -> None:
         """Refuse a pool too small to run on (it would hang, not fail)."""

@@ -3,25 +3,38 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import math
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta, timezone
 
+import asyncpg
 import pytest
+from ulid import ULID
 
 from venturi import (
     AttachmentTooLarge,
+    Backoff,
     Context,
+    DedupKey,
     DuplicateKindError,
     JobStatus,
     Outcome,
+    PanicPolicy,
     PayloadError,
     PostgresStore,
     Priority,
     Queue,
+    SchemaError,
     Task,
+    TaskError,
     Worker,
 )
+from venturi._db import sql
+from venturi.backoff import MAX_DELAY
 from venturi.context import ATTACHMENT_MAX_BYTES
+from venturi.merge import DEDUP_KEY_MAX_BYTES
+from venturi.outcome import failure_note
 
 from .helpers import running, until_status
 
@@ -44,7 +57,7 @@ async def test_invalid_prefix_is_rejected_before_any_sql(bad: object) -> None:
 async def test_longest_valid_prefix_works(pg_dsn: str) -> None:
     prefix = "p" + "x" * 38
     async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
-        assert await store.migrate() == [1, 2]
+        assert await store.migrate() == [1, 2, 3]
         assert await store.migrate() == []
 
 
@@ -54,7 +67,7 @@ async def test_concurrent_migrations_apply_once(pg_dsn: str, prefix: str) -> Non
         results = await asyncio.gather(*(s.migrate() for s in stores))
     finally:
         await asyncio.gather(*(s.close() for s in stores))
-    assert sorted(results) == [[]] * 7 + [[1, 2]]
+    assert sorted(results) == [[]] * 7 + [[1, 2, 3]]
 
 
 async def test_unencodable_payload_names_the_field(queue: Queue) -> None:
@@ -223,3 +236,465 @@ async def test_closed_store_says_so(pg_dsn: str, prefix: str) -> None:
     await store.close()  # twice is fine
     with pytest.raises(StoreClosedError, match="closed"):
         await store.stats()
+
+
+# -- values validated where they are made (issue 11) --------------------------------------
+
+
+def test_outcome_and_task_error_check_their_values_at_the_call() -> None:
+    with pytest.raises(TypeError, match="Outcome note: expected a str, got int"):
+        Outcome.completed(note=5)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Outcome note"):
+        Outcome.pause_in(1, note=b"bytes")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="TaskError message: expected a str, got int"):
+        TaskError.permanent(123)  # type: ignore[arg-type]
+    for delay in (math.inf, 1e20, math.nan, -1, MAX_DELAY + 1):
+        with pytest.raises(ValueError, match=r"pause_in\(delay\): expected a duration from 0 s"):
+            Outcome.pause_in(delay)
+    assert Outcome.pause_in(MAX_DELAY).delay == MAX_DELAY
+    with pytest.raises(ValueError, match="pause_in"):
+        Outcome("paused", None, math.inf)  # direct construction is checked too
+    # Text for people is made safe rather than refused: a NUL becomes the 4 characters \x00.
+    assert Outcome.completed(note="a\x00b").note == "a\\x00b"
+    assert TaskError.retryable("x\x00y").message == "x\\x00y"
+    assert Outcome.completed(note="lone \ud800").note == "lone \\ud800"
+
+
+def test_failure_notes_survive_hostile_exceptions() -> None:
+    class Unprintable(Exception):
+        def __str__(self) -> str:
+            raise RuntimeError("no")
+
+    assert failure_note(ValueError("a\x00b")) == "ValueError: a\\x00b"
+    assert failure_note(TaskError.permanent("gone")) == "gone"
+    assert failure_note(Unprintable()) == (
+        "Unprintable: <unprintable: its __str__ raised RuntimeError>"
+    )
+    assert failure_note(KeyError("\udcff")) == "KeyError: '\\udcff'"
+
+
+def test_attach_refuses_what_json_would_change() -> None:
+    ctx: Context[None] = Context(
+        job_id=ULID(), kind="k", run_count=1, history=(), carry=None, cancelled=asyncio.Event()
+    )
+    ctx.attach({"ok": 1.5, "none": None})
+    with pytest.raises(ValueError, match=r"field \"\['ratio'\]\" is nan"):
+        ctx.attach({"ratio": math.nan})
+    with pytest.raises(ValueError, match=r"field '\[1\]' is inf"):
+        ctx.attach([1.0, math.inf])
+    with pytest.raises(ValueError, match="NUL character"):
+        ctx.attach({"text": "a\x00b"})
+    with pytest.raises(ValueError, match="nested too deeply"):
+        ctx.attach(_nested(5000))
+    assert ctx.attachment == b'{"ok":1.5,"none":null}'  # the earlier attachment is kept
+
+
+@dataclass
+class Hostile(Task):
+    KIND = "hostile"
+    mode: str
+
+
+async def hostile(task: Hostile, ctx: Context[None], app: None) -> Outcome | None:
+    if task.mode == "nul-note":
+        return Outcome.completed(note="a\x00b")
+    if task.mode == "nul-pause-note":
+        return Outcome.pause_in(3600, note="p\x00")
+    if task.mode == "nul-error":
+        raise ValueError("bad \x00 input")
+    if task.mode == "surrogate-error":
+        raise RuntimeError("bytes \udcff")
+    if task.mode == "nul-task-error":
+        raise TaskError.permanent("gone\x00")
+    if task.mode == "bad-attachments":
+        for bad in (math.nan, {"s": "x\x00"}):
+            with contextlib.suppress(ValueError):
+                ctx.attach(bad)
+        return None
+    return None
+
+
+async def test_hostile_values_from_handlers_settle_and_spare_the_batch(queue: Queue) -> None:
+    """Each of these once made the batched settle statement fail, and with it every innocent
+    job settled in the same batch: now each settles, with its text escaped."""
+    modes = [
+        "nul-note",
+        "nul-pause-note",
+        "nul-error",
+        "surrogate-error",
+        "nul-task-error",
+        "bad-attachments",
+    ]
+    bad = {m: await queue.enqueue(Hostile(mode=m)) for m in modes}
+    innocent = await queue.enqueue_many([Hostile(mode="fine") for _ in range(40)])
+    worker = Worker(None, queue.store, concurrency=8, panic_policy=PanicPolicy.DEAD)
+    worker.register(Hostile, hostile)
+    async with running(worker):
+        for job_id in innocent:
+            await until_status(queue, job_id, JobStatus.COMPLETED)
+        for job_id in bad.values():
+            await until_status(
+                queue, job_id, JobStatus.COMPLETED, JobStatus.DEAD, JobStatus.PENDING
+            )
+    assert (await queue.stats()).claimed == 0
+    notes = {m: [e.note for e in await queue.job_journal(job_id)] for m, job_id in bad.items()}
+    assert notes["nul-note"] == ["a\\x00b"]
+    assert notes["nul-pause-note"] == ["p\\x00"]
+    assert notes["nul-error"] == ["ValueError: bad \\x00 input"]
+    assert notes["surrogate-error"] == ["RuntimeError: bytes \\udcff"]
+    assert notes["nul-task-error"] == ["gone\\x00"]
+    [entry] = await queue.job_journal(bad["bad-attachments"])
+    assert entry.outcome.value == "completed" and entry.attachment is None
+
+
+def _nested(depth: int) -> list[object]:
+    value: list[object] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+# -- enqueue: refused with a clear error, nothing stored (issue 11) ------------------------
+
+
+@dataclass
+class Reading(Task):
+    KIND = "reading"
+    sensor: str
+    value: float
+    note: str | None = None
+    extra: dict[str, object] | None = None
+    history: list[object] | None = None
+
+
+async def test_values_json_would_change_are_refused_naming_the_field(queue: Queue) -> None:
+    cases = [
+        (Reading("s1", math.nan), r"field 'value' is nan: NaN and infinity cannot be stored"),
+        (Reading("s1", -math.inf), r"field 'value' is -inf"),
+        (Reading("s1", 1.0, history=[1.0, [2.0, math.inf]]), r"field 'history\[1\]\[1\]' is inf"),
+        (Reading("s1", 1.0, extra={"k": math.nan}), r"""field "extra\['k'\]" is nan"""),
+        (Reading("a\x00b", 1.0), r"field 'sensor' holds a NUL character"),
+        (Reading("s1", 1.0, extra={"k\x00": 1}), r"a key of field 'extra' holds a NUL"),
+        (Reading("s1", 1.0, history=_nested(5000)), r"field 'history' \(list\): nested too deeply"),
+    ]
+    for task, message in cases:
+        with pytest.raises(PayloadError, match=r"cannot encode payload of Reading \(reading\): "):
+            await queue.enqueue(task)
+        with pytest.raises(PayloadError, match=message):
+            await queue.enqueue(task)
+        with pytest.raises(PayloadError, match=message):
+            await queue.enqueue_many([Reading("ok", 1.0), task])
+    assert (await queue.stats()).pending == 0
+    # What JSON stores faithfully still goes through: None, and a backslash before "u0000".
+    fine = await queue.enqueue(Reading("s\\u0000", 2.5, note=None, extra={"null": None}))
+    job = await queue.job(fine)
+    assert job is not None and job.payload["sensor"] == "s\\u0000"
+    assert job.payload["note"] is None and job.payload["value"] == 2.5
+
+
+@dataclass
+class Keyed(Task):
+    KIND = "keyed"
+    key: str
+    repeat: int = 1
+
+    def dedup_key(self) -> DedupKey | None:
+        return DedupKey(self.key * self.repeat)
+
+
+async def test_bad_dedup_keys_are_refused(queue: Queue) -> None:
+    with pytest.raises(ValueError, match=r"DedupKey: the key holds a NUL character"):
+        DedupKey("a\x00b")
+    with pytest.raises(
+        ValueError, match=r"DedupKey: the key is 8,000 bytes of UTF-8, over the 2,000"
+    ):
+        await queue.enqueue(Keyed("x", repeat=8000))
+    with pytest.raises(ValueError, match=r"2,400 bytes"):
+        await queue.enqueue(Keyed("é", repeat=1200))  # the limit is in bytes: the index's unit
+    with pytest.raises(ValueError, match="lone surrogate"):
+        DedupKey("\ud800")
+    assert (await queue.stats()).pending == 0
+    longest = await queue.enqueue(Keyed("x", repeat=DEDUP_KEY_MAX_BYTES))
+    assert await queue.enqueue(Keyed("x", repeat=DEDUP_KEY_MAX_BYTES)) == longest  # it merges
+
+
+async def test_queue_names_are_validated_like_kinds(store: PostgresStore) -> None:
+    for bad in ("", "a\x00b", "has space", "-lead", "x" * 201):
+        with pytest.raises(ValueError, match=r"queue: invalid queue name"):
+            Queue(store, queue=bad)
+        with pytest.raises(ValueError, match=r"queue: invalid queue name"):
+            Worker(None, store, queue=bad)
+    for wrong in (None, 5):
+        with pytest.raises(TypeError, match=r"queue: expected a queue name \(a str\)"):
+            Queue(store, queue=wrong)  # type: ignore[arg-type]
+        with pytest.raises(TypeError, match=r"queue: expected a queue name"):
+            Worker(None, store, queue=wrong)  # type: ignore[arg-type]
+    assert Queue(store, queue="emails.eu-1:fast/v2").queue == "emails.eu-1:fast/v2"
+
+
+async def test_a_subclass_must_declare_its_own_kind(queue: Queue) -> None:
+    @dataclass
+    class Priced(Order):  # inherits KIND = "order": its jobs would run as Order
+        price: float = 0.0
+
+    with pytest.raises(
+        TypeError,
+        match=r"Priced inherits KIND 'order' from .*Order: each task class declares its own KIND",
+    ):
+        await queue.enqueue(Priced(order_id=1, price=2.0))
+    with pytest.raises(TypeError, match="declares its own KIND"):
+        await queue.enqueue_many([Priced(order_id=1)])
+    with pytest.raises(TypeError, match="declares its own KIND"):
+        Worker(None, queue.store).register(Priced, lambda t, c, a: None)  # type: ignore[arg-type,return-value]
+    assert (await queue.stats()).pending == 0
+
+    @dataclass
+    class Rebranded(Order):
+        KIND = "rebranded_order"
+
+    await queue.enqueue(Rebranded(order_id=1))  # a subclass with its own KIND is fine
+
+
+@dataclass
+class Policy(Task):
+    KIND = "policy"
+    lease_s: str | None = None  # a string, so the payload itself is always fine
+    curve: tuple[float, float] | None = None
+    raw_curve: bool = False
+
+    def lease(self) -> float | None:
+        return None if self.lease_s is None else float(self.lease_s)
+
+    def backoff(self) -> Backoff | None:
+        if self.curve is None:
+            return None
+        return self.curve if self.raw_curve else Backoff(*self.curve)  # type: ignore[return-value]
+
+
+async def test_delays_and_policies_beyond_their_bounds_are_refused(queue: Queue) -> None:
+    for delay in (math.inf, 1e12, math.nan, timedelta(days=3653), -1):
+        with pytest.raises(
+            ValueError, match=r"enqueue_in\(delay\): expected a duration from 0 s to 10 years"
+        ):
+            await queue.enqueue_in(Order(order_id=1), delay)  # type: ignore[arg-type]
+    for when in (
+        datetime.max.replace(tzinfo=UTC),
+        datetime.min.replace(tzinfo=UTC),
+        datetime.now(UTC) + timedelta(days=3653),
+        datetime(9999, 12, 31, 20, tzinfo=timezone(timedelta(hours=-5))),
+    ):
+        with pytest.raises(ValueError, match="enqueue_at: `when` must be within 10 years of now"):
+            await queue.enqueue_at(Order(order_id=1), when)
+    for lease in ("inf", "1e12", "0.001", "0", "nan"):
+        with pytest.raises(
+            ValueError, match=r"policy.lease\(\): expected a duration from 0.5 s to 30 days"
+        ):
+            await queue.enqueue(Policy(lease_s=lease))
+        with pytest.raises(ValueError, match=r"policy.lease\(\)"):
+            await queue.enqueue_many([Policy(lease_s=lease)])
+    with pytest.raises(TypeError, match=r"policy.backoff\(\) must return a Backoff or None"):
+        await queue.enqueue(Policy(curve=(1, 2), raw_curve=True))
+    assert (await queue.stats()).pending == 0
+    # The curve itself is checked where it is made.
+    with pytest.raises(ValueError, match=r"Backoff.base: expected a duration from 0 s to 10 years"):
+        Backoff(math.inf)
+    with pytest.raises(
+        ValueError, match=r"Backoff.cap: expected a duration from 0 s to 10 years, got inf"
+    ):
+        Backoff(1, math.inf)
+    with pytest.raises(ValueError, match=r"Backoff: base \(10 s\) must not exceed cap \(1 s\)"):
+        Backoff(base=10, cap=1)
+    # The bounds themselves are accepted.
+    await queue.enqueue(Policy(lease_s="0.5", curve=(0, MAX_DELAY)))
+    await queue.enqueue(Policy(lease_s="2592000", curve=(0, 0)))
+    await queue.enqueue_in(Order(order_id=2), MAX_DELAY)
+    await queue.enqueue_at(Order(order_id=3), datetime.now(UTC) - timedelta(days=3650))
+    stats = await queue.stats()
+    assert stats.pending_by_kind == {"policy": 2, "order": 1}
+    assert stats.scheduled_by_kind == {"order": 1}
+
+
+async def test_the_database_refuses_policies_no_release_may_store(store: PostgresStore) -> None:
+    """A producer of an older release (or hand-written SQL) cannot store a policy that would
+    make every claim or recovery statement of its queue fail."""
+    insert = (
+        f"INSERT INTO {store.prefix}_jobs (id, kind, payload, lease_s, backoff_base_s, "
+        f"backoff_cap_s) VALUES (gen_random_uuid(), 'k', '{{}}', $1, $2, $3)"
+    )
+    async with store._pool.acquire() as conn:
+        for lease, base, cap in [
+            (math.inf, None, None),
+            (math.nan, None, None),
+            (1e12, None, None),
+            (0.001, None, None),
+            (None, math.inf, math.inf),
+            (None, 10.0, 1.0),
+            (None, 1.0, None),
+            (None, -1.0, 1.0),
+        ]:
+            with pytest.raises(asyncpg.CheckViolationError):
+                await conn.execute(insert, lease, base, cap)
+        await conn.execute(insert, 0.5, 0.0, MAX_DELAY)
+
+
+async def test_migrating_brings_stored_policies_within_bounds(pg_dsn: str, prefix: str) -> None:
+    async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
+        async with store._pool.acquire() as conn, conn.transaction():
+            # The schema as the previous release left it (migrations 1 and 2) ...
+            await conn.execute(sql.queries(prefix)["migration_table_create"])
+            for migration in sql.migrations(prefix)[:2]:
+                await conn.execute(migration.sql)
+                await conn.execute(
+                    sql.queries(prefix)["migration_record"], migration.version, migration.name
+                )
+            # ... with the rows that release let through.
+            rows = {
+                "inf-lease": (math.inf, None, None),
+                "nan-lease": (math.nan, None, None),
+                "tiny-lease": (0.001, None, None),
+                "swapped-curve": (60.0, 10.0, 1.0),
+                "inf-curve": (None, math.inf, math.inf),
+                "fine": (60.0, 1.0, 600.0),
+            }
+            for kind, (lease, base, cap) in rows.items():
+                await conn.execute(
+                    f"INSERT INTO {prefix}_jobs (id, kind, payload, lease_s, backoff_base_s, "
+                    f"backoff_cap_s) VALUES (gen_random_uuid(), $1, '{{}}', $2, $3, $4)",
+                    kind,
+                    lease,
+                    base,
+                    cap,
+                )
+        assert await store.migrate() == [3]
+        got = {
+            r["kind"]: (r["lease_s"], r["backoff_base_s"], r["backoff_cap_s"])
+            for r in await store._pool.fetch(
+                f"SELECT kind, lease_s, backoff_base_s, backoff_cap_s FROM {prefix}_jobs"
+            )
+        }
+    assert got == {
+        "inf-lease": (2592000.0, None, None),
+        "nan-lease": (None, None, None),  # the worker's lease
+        "tiny-lease": (0.5, None, None),
+        "swapped-curve": (60.0, None, None),  # the worker's curve
+        "inf-curve": (None, None, None),
+        "fine": (60.0, 1.0, 600.0),
+    }
+
+
+@pytest.mark.parametrize(
+    ("setting", "value", "error", "message"),
+    [
+        (
+            "concurrency",
+            True,
+            TypeError,
+            r"concurrency: expected an int from 1 to 10,000, got True",
+        ),
+        ("concurrency", 10**6, ValueError, r"concurrency: expected an int from 1 to 10,000"),
+        ("concurrency", 0, ValueError, r"concurrency: expected an int from 1"),
+        ("concurrency", 2.0, TypeError, r"concurrency"),
+        ("poll_max", 0, ValueError, r"poll_max: expected a duration from 0.01 s to 1 day"),
+        ("poll_max", math.inf, ValueError, r"poll_max: expected a duration from 0.01 s"),
+        ("lease", 0.001, ValueError, r"lease: expected a duration from 0.5 s to 30 days"),
+        ("lease", math.inf, ValueError, r"lease: expected a duration from 0.5 s to 30 days"),
+        (
+            "shutdown_timeout",
+            math.inf,
+            ValueError,
+            r"shutdown_timeout: expected a duration from 0 s to 1 day",
+        ),
+        ("shutdown_timeout", -1, ValueError, r"shutdown_timeout"),
+        (
+            "jitter_fraction",
+            math.nan,
+            ValueError,
+            r"jitter_fraction: expected a number in \[0, 1\]",
+        ),
+        ("jitter_fraction", "0.5", TypeError, r"jitter_fraction"),
+        ("backstop", True, TypeError, r"backstop: expected an int from 1"),
+        ("backstop", 0, ValueError, r"backstop"),
+        ("priority_ratio", False, TypeError, r"priority_ratio"),
+        ("backoff", (1, 2), TypeError, r"backoff: expected a venturi.Backoff"),
+        ("metrics_port", -1, ValueError, r"metrics_port: expected an int from 1 to 65,535, got -1"),
+        ("metrics_port", 70000, ValueError, r"metrics_port: expected an int from 1 to 65,535"),
+        ("metrics_port", "9100", TypeError, r"metrics_port"),
+        ("metrics_host", "not an ip", ValueError, r"metrics_host: expected an IP address"),
+        ("metrics_host", 127, TypeError, r"metrics_host"),
+    ],
+)
+def test_worker_refuses_settings_out_of_range(
+    store: PostgresStore, setting: str, value: object, error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        Worker(None, store, **{setting: value})  # type: ignore[arg-type]
+
+
+def test_worker_settings_at_their_bounds_and_documented_clamps(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    worker = Worker(
+        None, store, concurrency=10_000, poll_max=0.01, lease=0.5, shutdown_timeout=86400
+    )
+    assert (worker.concurrency, worker.poll_max, worker.lease) == (10_000, 0.01, 0.5)
+    assert Worker(None, store, jitter_fraction=5).policy.jitter_fraction == 1.0  # clamped
+    assert Worker(None, store, jitter_fraction=-3).policy.jitter_fraction == 0.0
+    assert Worker(None, store, metrics_host="::1", metrics_port=65535).metrics_host == "::1"
+    # /metrics listens on every interface only inside a pod.
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert Worker(None, store).metrics_host == "127.0.0.1"
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    assert Worker(None, store).metrics_host == "0.0.0.0"
+    assert Worker(None, store, metrics_host="127.0.0.1").metrics_host == "127.0.0.1"
+
+
+# -- the schema: missing, older or newer than this release (issue 11) ----------------------
+
+
+async def test_an_unmigrated_prefix_says_to_migrate(pg_dsn: str, prefix: str) -> None:
+    async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
+        queue = Queue(store)
+        calls = [
+            queue.enqueue(Order(order_id=1)),
+            queue.enqueue_many([Order(order_id=1), Order(order_id=2)]),
+            queue.enqueue(Keyed("k")),
+            queue.stats(),
+            queue.job(ULID()),
+            queue.jobs(),
+            queue.job_journal(ULID()),
+            store.check_schema(),
+        ]
+        for call in calls:
+            with pytest.raises(
+                SchemaError,
+                match=r"does not exist: the tables of prefix .* are missing; run `venturi migrate`",
+            ):
+                await call
+        # Also when the store's held connection serves the enqueue (a second single enqueue).
+        with pytest.raises(SchemaError, match="run `venturi migrate`"):
+            await queue.enqueue(Order(order_id=2))
+        worker = Worker(None, store)
+        worker.register(Order, lambda t, c, a: None)  # type: ignore[arg-type,return-value]
+        with pytest.raises(SchemaError, match="run `venturi migrate`"):
+            await worker.run(asyncio.Event())
+
+
+async def test_a_schema_from_another_release_is_refused(store: PostgresStore) -> None:
+    worker = Worker(None, store)
+    worker.register(Order, lambda t, c, a: None)  # type: ignore[arg-type,return-value]
+    await store.check_schema()  # this release's schema: fine
+    await store._pool.execute(
+        f"INSERT INTO {store.prefix}_migrations (version, name) VALUES (999, 'from_the_future')"
+    )
+    with pytest.raises(
+        SchemaError, match=r"has migrations \[999\] that this release of venturi does not know"
+    ):
+        await store.migrate()
+    with pytest.raises(SchemaError, match=r"\[999\].*upgrade venturi"):
+        await store.check_schema()
+    with pytest.raises(SchemaError, match=r"\[999\]"):
+        await worker.run(asyncio.Event())
+    # Older: a migration of this release is missing.
+    await store._pool.execute(f"DELETE FROM {store.prefix}_migrations WHERE version IN (3, 999)")
+    with pytest.raises(SchemaError, match=r"lacks migrations \[3\]: run `venturi migrate`"):
+        await store.check_schema()

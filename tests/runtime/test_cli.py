@@ -19,9 +19,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def venturi(
-    *args: str, dsn: str | None, prefix: str = "venturi"
+    *args: str, dsn: str | None, prefix: str = "venturi", pythonpath: Path | None = None
 ) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VENTURI_", "PG"))}
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(pythonpath)
     if dsn is not None:
         env["VENTURI_DSN"] = dsn
     env["VENTURI_PREFIX"] = prefix
@@ -125,3 +127,62 @@ async def test_demo_settles_every_job(pg_dsn: str, prefix: str) -> None:
     assert "enqueued 300 jobs" in text
     assert "all 300 jobs settled" in text
     assert "final stats: pending=0 claimed=0 dead=0" in text
+
+
+def one_line(run: subprocess.CompletedProcess[str], *fragments: str) -> None:
+    """Exit status 2 and a single line on stderr holding every fragment, no traceback."""
+    assert run.returncode == 2, run
+    assert "Traceback" not in run.stderr
+    assert len(run.stderr.strip().splitlines()) == 1, run.stderr
+    for fragment in fragments:
+        assert fragment in run.stderr, run.stderr
+
+
+def test_bad_arguments_are_one_line(pg_dsn: str) -> None:
+    for huge in ("999999999999w", "200000w", "9" * 400 + "s"):
+        run = venturi("cleanup", "--older-than", huge, dsn=pg_dsn)
+        assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr
+        assert "--older-than" in run.stderr
+    one_line(venturi("cleanup", "--older-than", "200000w", dsn=pg_dsn), "before the year 1")
+    for flag, value in (("--jobs", "-5"), ("--jobs", "0"), ("--concurrency", "-1")):
+        run = venturi("demo", flag, value, dsn=None)
+        assert run.returncode == 2 and f"argument {flag}: expected a number >= 1" in run.stderr
+
+
+def test_an_unmigrated_prefix_is_one_line(pg_dsn: str, prefix: str) -> None:
+    for command in (["stats"], ["jobs"], ["worker", "tests.runtime.cli_app:make_worker"]):
+        one_line(venturi(*command, dsn=pg_dsn, prefix=prefix), "run `venturi migrate`")
+
+
+async def test_worker_factories_that_fail_are_one_line(
+    queue: Queue, pg_dsn: str, tmp_path: Path
+) -> None:
+    (tmp_path / "broken_syntax.py").write_text("def make(store):\n    return (\n")
+    (tmp_path / "raises_on_import.py").write_text("raise RuntimeError('no config file')\n")
+    (tmp_path / "factories.py").write_text(
+        "def raises(store):\n    raise KeyError('DATABASE_URL')\n"
+        "def two_args(store, other):\n    return None\n"
+        "NOT_CALLABLE = 42\n"
+        "def not_a_worker(store):\n    return 'a string'\n"
+    )
+    prefix = queue.store.prefix
+    cases = {
+        "no_such_module:make": "cannot import module 'no_such_module': ModuleNotFoundError",
+        "broken_syntax:make": "cannot import module 'broken_syntax': SyntaxError",
+        "raises_on_import:make": "cannot import module 'raises_on_import': RuntimeError: no config",
+        "factories:missing": "module 'factories' has no attribute 'missing'",
+        "factories:raises": "factories:raises(store) failed: KeyError: 'DATABASE_URL'",
+        "factories:two_args": "factories:two_args(store) failed: TypeError",
+        "factories:NOT_CALLABLE": "factories:NOT_CALLABLE is not callable (int)",
+        "factories:not_a_worker": "factories:not_a_worker returned 'a string', not a",
+        "no_colon": "expected MODULE:FUNCTION",
+    }
+    for factory, message in cases.items():
+        run = venturi("worker", factory, dsn=pg_dsn, prefix=prefix, pythonpath=tmp_path)
+        one_line(run, f"venturi: worker: {message}" if factory != "no_colon" else message)
+    debug = venturi(
+        "worker", "factories:raises", "--debug", dsn=pg_dsn, prefix=prefix, pythonpath=tmp_path
+    )
+    assert debug.returncode == 2
+    assert "Traceback" in debug.stderr and "KeyError: 'DATABASE_URL'" in debug.stderr
+    assert debug.stderr.strip().splitlines()[-1].startswith("venturi: worker: factories:raises")

@@ -194,3 +194,29 @@ async def test_concurrent_producers_end_as_the_policy_says(queue: Queue, pg_dsn:
     [digest] = await queue.jobs(HistoryFilter(kind="digest", status=JobStatus.PENDING))
     digest_items = digest.payload["items"]
     assert sorted(digest_items) == sorted(f"item{i}" for i in range(50))  # no merge lost
+
+
+async def test_candidacy_is_per_queue(queue: Queue) -> None:
+    """A key enqueued to queue `b` never merges into queue `a`'s pending job: no worker of `b`
+    would ever run it there."""
+    a, b = Queue(queue.store, queue="a"), Queue(queue.store, queue="b")
+    in_a = await a.enqueue(Fetch("https://x", 1))
+    in_b = await b.enqueue(Fetch("https://x", 2))
+    assert in_b != in_a
+    assert await b.enqueue(Fetch("https://x", 3)) == in_b  # within `b`, it merges
+    job_a, job_b = await queue.job(in_a), await queue.job(in_b)
+    assert job_a is not None and (job_a.queue, job_a.payload["version"]) == ("a", 1)
+    assert job_b is not None and (job_b.queue, job_b.payload["version"]) == ("b", 3)
+    # A worker of `b` runs `b`'s job (and only it).
+    ran: list[int] = []
+
+    async def handle(task: Fetch, ctx: Context[None], app: None) -> Outcome:
+        ran.append(task.version)
+        return Outcome.completed()
+
+    worker = Worker(None, queue.store, queue="b")
+    worker.register(Fetch, handle)
+    async with running(worker):
+        await until_status(queue, in_b, JobStatus.COMPLETED)
+    assert ran == [3]
+    assert (await queue.job(in_a)).status is JobStatus.PENDING  # type: ignore[union-attr]

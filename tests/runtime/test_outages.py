@@ -249,31 +249,6 @@ async def test_one_poisoned_settlement_leaves_the_rest_of_its_batch_settled(
     assert entry.outcome is JournalOutcome.FAILED
 
 
-async def test_one_absurd_stored_lease_or_backoff_fails_no_claim_or_recovery(
-    queue: Queue, store: PostgresStore, prefix: str, pool: asyncpg.Pool
-) -> None:
-    """Rows written before validation existed (or by hand): the claim and the recovery
-    statements clamp them rather than fail for every job of the queue."""
-    bad = await queue.enqueue(Ping(1))
-    good = await queue.enqueue(Ping(2))
-    await pool.execute(
-        f"UPDATE {prefix}_jobs SET lease_s = 'Infinity', backoff_base_s = 'Infinity' WHERE id = $1",
-        bad.to_uuid(),
-    )
-    claimed = await store.claim(
-        queue="default", kinds=[Ping.KIND], limit=10, worker="w", pod=None, default_lease_s=60
-    )
-    assert {c.id for c in claimed} == {bad.to_uuid(), good.to_uuid()}
-    await pool.execute(f"UPDATE {prefix}_jobs SET lease_until = now() - interval '1 s'")
-    worker = Worker(None, store, concurrency=2, backoff=Backoff(0.01, 0.02))
-    worker.register(Ping, done)
-    async with running(worker):
-        await until_status(queue, good, JobStatus.COMPLETED)
-        await until_status(queue, bad, JobStatus.COMPLETED, JobStatus.PENDING)
-    (stale, *_) = await queue.job_journal(bad)
-    assert stale.outcome is JournalOutcome.STALE_RECOVERED
-
-
 # -- handlers that escape the rules -----------------------------------------------------------
 
 

@@ -76,6 +76,19 @@ def is_refused_data(exc: BaseException) -> bool:
     return isinstance(exc, asyncpg.PostgresError) and _sqlstate(exc).startswith(_DATA_CLASSES)
 
 
+_CONFIGURATION_CLASSES = ("28", "3D", "42")
+"""Invalid authorization, invalid catalog (no such database), access and syntax: a
+deployment's mistake that no retry mends."""
+
+
+def is_configuration_error(exc: BaseException) -> bool:
+    """True for a refusal that says the settings are wrong (a bad password, a database that
+    does not exist, no permission): at start-up it should fail, not be waited out."""
+    return isinstance(exc, asyncpg.PostgresError) and _sqlstate(exc).startswith(
+        _CONFIGURATION_CLASSES
+    )
+
+
 def describe(exc: BaseException) -> str:
     """One line naming the failure: type and message, without a traceback."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""

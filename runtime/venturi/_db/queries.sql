@@ -36,8 +36,8 @@ SELECT pg_notify($12, kind) FROM (SELECT DISTINCT kind FROM inserted) AS kinds;
 -- hold: up to $3 LOW-only slots, then $4 slots for NORMAL or LOW, then $5 for any tier
 -- (weighted-slot anti-starvation; a reserved slot left empty passes to the next group).
 -- One statement, each part a range scan of {prefix}_jobs_claim_idx at any backlog. Each
--- claim gets a fresh token that guards every later write to the job. Leases are clamped to
--- [0.1 s, 366 days] so that one row with an absurd stored lease cannot fail every claim.
+-- claim gets a fresh token that guards every later write to the job (stored leases are
+-- bounded by a CHECK constraint, so no row's lease can fail the statement).
 -- $9 is the shortest lease the claiming worker already holds (NULL: none): a claim whose
 -- leases end sooner announces them on channel $10, so idle rescuers know when to look.
 WITH p0 AS (
@@ -72,13 +72,13 @@ WITH p0 AS (
         claimed_at = now(),
         claimed_by = $6,
         claimed_pod = $7,
-        lease_until = now() + make_interval(secs => least(greatest(coalesce(j.lease_s, $8), 0.1), 31622400))
+        lease_until = now() + make_interval(secs => coalesce(j.lease_s, $8))
     -- = ANY(ARRAY(...)) rather than a join: the planner cannot estimate the CTEs' row
     -- counts (their LIMITs are expressions) and would hash-join a scan of the whole table.
     WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
     RETURNING j.id, j.kind, j.payload, j.carry, j.run_count, j.failures, j.claim_token,
-              least(greatest(coalesce(j.lease_s, $8), 0.1), 31622400)::float8 AS lease_s,
-              j.backoff_base_s, j.backoff_cap_s, j.priority, j.run_at, j.dedup_key
+              coalesce(j.lease_s, $8) AS lease_s, j.backoff_base_s, j.backoff_cap_s,
+              j.priority, j.run_at, j.dedup_key
 ), announced AS (
     SELECT pg_notify($10, '!lease ' || min(lease_s)::text || ' ' || $1)
     FROM claimed
@@ -287,15 +287,18 @@ SELECT pg_advisory_xact_lock($1);
 SELECT 1;
 
 -- dedup_lock --
--- Serialize enqueues of one (kind, dedup key) across producers until the transaction ends.
+-- Serialize enqueues of one (queue, kind, dedup key) across producers until the transaction
+-- ends.
 SELECT pg_advisory_xact_lock($1);
 
 -- job_find_pending_duplicate --
--- The oldest pending job of this kind and key, locked for the merge decision. A job being
--- claimed right now stops matching once the claim commits (it is no longer pending).
+-- The oldest pending job of this kind and key in this queue ($3), locked for the merge
+-- decision: a job of another queue is never a candidate (no worker of this queue would run
+-- it). A job being claimed right now stops matching once the claim commits (it is no longer
+-- pending).
 SELECT id, payload::text, carry::text, run_count
 FROM {prefix}_jobs
-WHERE status = 'pending' AND kind = $1 AND dedup_key = $2
+WHERE status = 'pending' AND kind = $1 AND dedup_key = $2 AND queue = $3
 ORDER BY id
 LIMIT 1
 FOR UPDATE;

@@ -1,0 +1,246 @@
+"""Connection strings: libpq's two forms, made into what asyncpg takes.
+
+asyncpg parses URIs (`postgresql://user:pw@host:5432/db?sslmode=require`) only. Many users
+have libpq's keyword/value form (`host=db port=5432 dbname=app password='it\\'s'`), the one
+`psql`, psycopg and most tooling accept. `connect_args` parses it by libpq's rules and
+rewrites it as a URI whose every setting is a query parameter (asyncpg reads host, port,
+dbname, user, password, the ssl* keywords and a few more from the query), plus the keywords
+asyncpg takes separately: `connect_timeout`, `application_name` and `options`.
+
+Errors name the keyword and never quote a value: a value may be the password.
+"""
+
+from __future__ import annotations
+
+import math
+import urllib.parse
+from dataclasses import dataclass, field
+
+URI_PREFIXES = ("postgresql://", "postgres://")
+
+_QUERY_KEYWORDS = frozenset(
+    {
+        "host",
+        "port",
+        "dbname",
+        "user",
+        "password",
+        "passfile",
+        "service",
+        "sslmode",
+        "sslcert",
+        "sslkey",
+        "sslrootcert",
+        "sslcrl",
+        "sslpassword",
+        "sslnegotiation",
+        "ssl_min_protocol_version",
+        "ssl_max_protocol_version",
+        "target_session_attrs",
+        "krbsrvname",
+        "gsslib",
+    }
+)
+"""libpq keywords asyncpg reads from a URI's query string, with libpq's meaning."""
+_SEPARATE_KEYWORDS = frozenset(
+    {
+        "connect_timeout",
+        "application_name",
+        "fallback_application_name",
+        "options",
+        "client_encoding",
+    }
+)
+"""libpq keywords turned into asyncpg's own arguments."""
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectArgs:
+    """What to pass asyncpg: a DSN it parses, and settings the DSN named outside of it."""
+
+    dsn: str | None
+    timeout: float | None = None
+    """Seconds from the DSN's connect_timeout (math.inf: wait indefinitely); None: not set."""
+    server_settings: dict[str, str] = field(default_factory=dict)
+
+
+def connect_args(dsn: str | None) -> ConnectArgs:
+    """A URI passes through (its `application_name`, if any, read so it is kept); a libpq
+    keyword/value string is converted; None (the PG* environment variables) stays None."""
+    if dsn is None:
+        return ConnectArgs(None)
+    if not isinstance(dsn, str):
+        raise TypeError(f"dsn: expected a connection string (a str) or None, got {type(dsn)}")
+    if dsn.startswith(URI_PREFIXES):
+        query = urllib.parse.urlsplit(dsn).query
+        names = urllib.parse.parse_qs(query).get("application_name")
+        return ConnectArgs(dsn, server_settings={"application_name": names[-1]} if names else {})
+    return _from_keywords(parse_keywords(dsn))
+
+
+def parse_keywords(text: str) -> dict[str, str]:
+    """Parse libpq's `keyword = value` string: whitespace separates pairs and may surround
+    `=`; a value is single-quoted to hold spaces or be empty, and a backslash escapes the next
+    character (`\\'`, `\\\\`) quoted or not. A keyword given twice keeps its last value."""
+    pairs: dict[str, str] = {}
+    i, n = 0, len(text)
+    while True:
+        while i < n and text[i].isspace():
+            i += 1
+        if i == n:
+            return pairs
+        start = i
+        while i < n and text[i] != "=" and not text[i].isspace():
+            i += 1
+        keyword = text[start:i]
+        while i < n and text[i].isspace():
+            i += 1
+        if i == n or text[i] != "=":
+            raise ValueError(
+                f"invalid connection string: a word without '=' at character {start + 1} "
+                f"(expected a postgresql:// URI, or libpq keyword=value pairs with values "
+                f"that hold spaces in single quotes)"
+            )
+        i += 1
+        while i < n and text[i].isspace():
+            i += 1
+        value: list[str] = []
+        if i < n and text[i] == "'":
+            i += 1
+            while True:
+                if i == n:
+                    raise ValueError(
+                        f"invalid connection string: the quoted value of "
+                        f"{repr(keyword) if _is_libpq(keyword) else 'a keyword'} has no "
+                        f"closing quote"
+                    )
+                if text[i] == "\\" and i + 1 < n:
+                    value.append(text[i + 1])
+                    i += 2
+                elif text[i] == "'":
+                    i += 1
+                    break
+                else:
+                    value.append(text[i])
+                    i += 1
+        else:
+            while i < n and not text[i].isspace():
+                if text[i] == "\\":  # escapes the next character (a trailing one is dropped)
+                    value.append(text[i + 1 : i + 2])
+                    i += 2
+                else:
+                    value.append(text[i])
+                    i += 1
+        pairs[keyword] = "".join(value)
+
+
+def _from_keywords(pairs: dict[str, str]) -> ConnectArgs:
+    for keyword in pairs:
+        if keyword == "client_encoding":  # accepted as long as it asks for what asyncpg does
+            if pairs[keyword].replace("-", "").lower() != "utf8":
+                raise ValueError("connection string: client_encoding must be UTF8 (asyncpg's only)")
+        elif keyword in _QUERY_KEYWORDS or keyword in _SEPARATE_KEYWORDS:
+            continue
+        elif keyword in _LIBPQ_OTHERS:
+            raise ValueError(
+                f"connection string: the libpq keyword {keyword!r} is not supported (venturi "
+                f"connects with asyncpg, which implements host, port, dbname, user, password, "
+                f"passfile, service, the ssl* keywords, target_session_attrs, krbsrvname, "
+                f"gsslib, connect_timeout, application_name and options)"
+            )
+        else:  # maybe part of an unquoted value (a password with a space): never quoted
+            raise ValueError(
+                "connection string: a keyword that libpq does not know (a value that holds "
+                "spaces must be in single quotes)"
+            )
+    settings: dict[str, str] = {}
+    name = pairs.get("application_name") or pairs.get("fallback_application_name")
+    if name:
+        settings["application_name"] = name
+    if pairs.get("options"):
+        settings.update(_options(pairs["options"]))
+    timeout: float | None = None
+    if pairs.get("connect_timeout"):
+        try:
+            seconds = int(pairs["connect_timeout"])
+        except ValueError:
+            raise ValueError("connection string: connect_timeout must be whole seconds") from None
+        # libpq: zero or negative waits indefinitely; the least timeout is 2 s.
+        timeout = math.inf if seconds <= 0 else float(max(seconds, 2))
+    # Empty values mean "not set" to libpq (the default applies).
+    query = {k: v for k, v in pairs.items() if k in _QUERY_KEYWORDS and v != ""}
+    return ConnectArgs(
+        "postgresql://?" + urllib.parse.urlencode(query) if query else "postgresql://",
+        timeout,
+        settings,
+    )
+
+
+_LIBPQ_OTHERS = frozenset(
+    {
+        "hostaddr",
+        "keepalives",
+        "keepalives_idle",
+        "keepalives_interval",
+        "keepalives_count",
+        "tcp_user_timeout",
+        "replication",
+        "gssencmode",
+        "gssdelegation",
+        "channel_binding",
+        "requirepeer",
+        "require_auth",
+        "requiressl",
+        "sslcompression",
+        "sslsni",
+        "sslcertmode",
+        "load_balance_hosts",
+        "min_protocol_version",
+        "max_protocol_version",
+    }
+)
+"""libpq's other keywords, which asyncpg does not implement (named in errors)."""
+
+
+def _is_libpq(keyword: str) -> bool:
+    return keyword in _QUERY_KEYWORDS or keyword in _SEPARATE_KEYWORDS or keyword in _LIBPQ_OTHERS
+
+
+def _options(text: str) -> dict[str, str]:
+    """libpq's `options`: server settings as command-line arguments, `-c name=value` or
+    `--name=value`, separated by spaces (a backslash escapes a space or a backslash)."""
+    args: list[str] = []
+    current: list[str] = []
+    escaped = False
+    for ch in text:
+        if escaped:
+            current.append(ch)
+            escaped = False
+        elif ch == "\\":
+            escaped = True
+        elif ch.isspace():
+            if current:
+                args.append("".join(current))
+                current = []
+        else:
+            current.append(ch)
+    if current:
+        args.append("".join(current))
+    settings: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        arg = args[i]
+        if arg == "-c" and i + 1 < len(args):
+            setting, i = args[i + 1], i + 2
+        elif (arg.startswith("-c") and len(arg) > 2) or arg.startswith("--"):
+            setting, i = arg[2:], i + 1
+        else:
+            raise ValueError(
+                "connection string: options must be server settings "
+                "('-c name=value' or '--name=value')"
+            )
+        name, eq, value = setting.partition("=")
+        if not eq or not name:
+            raise ValueError("connection string: each option must be name=value")
+        settings[name.replace("-", "_")] = value
+    return settings
