@@ -303,7 +303,8 @@ async def test_a_deployment_must_opt_in_to_its_jobqueue(
             assert condition(jq, "Ready")["status"] == "False"
             assert says in condition(jq, "Ready")["message"]
             [pool] = jq["status"]["pools"]
-            assert pool["reason"] == "NotOptedIn" and "desiredReplicas" not in pool
+            assert pool["reason"] == "NotOptedIn"
+            assert "desiredReplicas" not in pool
             assert jq["status"]["stats"]["pending"] == 25  # the stats were read: only refused
             assert kube.get(DEPLOYMENTS, NS, deployment)["spec"]["replicas"] == 0
             warnings = [e for e in kube.events(NS, involved=name) if e["type"] == "Warning"]
