@@ -3,7 +3,7 @@
 1. `helm install --wait` of the chart with monitoring on and namespaced RBAC; the API server
    accepted every object.
 2. The operator runs as a local process with a token of the chart's ServiceAccount: the chart's
-   RBAC is what it has (and only that).
+   RBAC is what it has (and only that): no Secret but those it was given.
 3. An embedded PostgreSQL, `venturi migrate`, dead jobs seeded by a real worker, the Secret, a
    worker Deployment at 0 and the JobQueue: Ready, idle, reconciling once per interval.
 4. A JobQueue whose Secret does not exist: not Ready (SecretNotFound), a Warning Event, Fallback

@@ -16,7 +16,6 @@ Uses the runtime's public API only (`venturi.PostgresStore`, `venturi.Queue`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import errno
 import logging
 import re
@@ -179,10 +178,11 @@ class Databases:
 
     async def _close_unused(self) -> None:
         """Close every pool whose DSN no owner uses (first the LISTEN tasks on them)."""
+        for key, owners in list(self._watchers.items()):
+            for owner in [o for o in owners if self._users.get(o) != key[0]]:
+                self._unwatch(key, owner)  # (an owner's wake-ups follow the DSN it uses)
         stopping, self._stopping = self._stopping, []
-        for task in stopping:
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await asyncio.gather(*stopping, return_exceptions=True)
         used = set(self._users.values())
         for dsn in [d for d in self._stores if d not in used]:
             store = self._stores.pop(dsn)

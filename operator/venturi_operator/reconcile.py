@@ -9,6 +9,7 @@ restarted operator starts fresh histories, which the policy seeds safely.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -334,10 +335,15 @@ class Reconciler:
         return current, decision
 
 
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
 def _not_opted_in(namespace: str, name: str, pool: PoolSpec, other: str | None) -> str:
     where = f"Deployment {namespace}/{pool.deployment}"
     if other:
-        return f"{where} opted in to scaling by JobQueue {other!r}, not {name!r}: left alone"
+        # Repeated only if it is a name: an annotation may hold anything, of any length.
+        whom = f"JobQueue {other!r}" if _NAME.fullmatch(other) else "another JobQueue"
+        return f"{where} opted in to scaling by {whom}, not {name!r}: left alone"
     return (
         f"{where} has not opted in to scaling by this JobQueue: whoever manages it annotates it "
         f"(kubectl -n {namespace} annotate deployment {pool.deployment} "

@@ -307,7 +307,13 @@ async def test_a_deployment_must_opt_in_to_its_jobqueue(
             assert "desiredReplicas" not in pool
             assert jq["status"]["stats"]["pending"] == 25  # the stats were read: only refused
             assert kube.get(DEPLOYMENTS, NS, deployment)["spec"]["replicas"] == 0
-            warnings = [e for e in kube.events(NS, involved=name) if e["type"] == "Warning"]
+            # kopf posts Events in the background: await it.
+            warnings = await kube.wait_until(
+                lambda name=name: [
+                    e for e in kube.events(NS, involved=name) if e["type"] == "Warning"
+                ],
+                timeout=TIMEOUT,
+            )
             assert [e["reason"] for e in warnings] == ["NotOptedIn"]
 
         # Whoever may edit the Deployment opts it in: from then on it is scaled.
@@ -355,10 +361,11 @@ async def test_a_missing_key_is_named_without_the_secrets_other_keys(
             lambda o: condition(o, "Ready").get("reason") == "SecretKeyMissing",
             timeout=TIMEOUT,
         )
+        # kopf posts Events in the background: await the Warning.
+        [event] = await kube.wait_until(lambda: kube.events(NS, involved="mail"), timeout=TIMEOUT)
     message = condition(jq, "Ready")["message"]
     assert message == f"Secret {NS}/db has no key 'dsn'"
-    for event in kube.events(NS, involved="mail"):
-        assert "admin-password" not in event["message"] and "url" not in event["message"]
+    assert event["message"] == message
 
 
 # --- DSN secrecy -------------------------------------------------------------------------------
@@ -441,6 +448,15 @@ async def test_no_part_of_a_dsn_but_host_port_and_database_is_ever_shown(
                 timeout=TIMEOUT,
             )
         statuses = {name: kube.get(JOBQUEUES, NS, name)["status"] for name in cases}
+        failing = {
+            n for n, s in statuses.items() if condition({"status": s}, "Ready")["status"] == "False"
+        }
+
+        def warned() -> bool:  # kopf posts Events in the background: await every Warning
+            about = {e["involvedObject"]["name"] for e in kube.events(NS) if e["type"] == "Warning"}
+            return failing <= about
+
+        await kube.wait_until(warned, timeout=TIMEOUT)
         events = kube.events(NS)
     shown = json.dumps(statuses) + json.dumps([e["message"] for e in events]) + caplog.text
     for name, (_, pieces) in cases.items():
