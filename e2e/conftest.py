@@ -52,6 +52,10 @@ OPERATOR_NS = "venturi-system"
 APPS_NS = "e2e-apps"
 PREFIX = "e2e"
 """The queue's table prefix (VENTURI_PREFIX of the workers, spec.database.prefix)."""
+SECRET = "e2e-db"
+"""The Secret with the queue's DSN."""
+MISSING_SECRET = "e2e-db-missing"
+"""A Secret the operator is given (rbac.secretNames) that does not exist."""
 
 MONITORING_CRDS = ("servicemonitors", "podmonitors", "prometheusrules")
 SCRAPE_INTERVAL = 1.0
@@ -485,7 +489,8 @@ class Release:
 def release(
     kubectl: Kubectl, helm: Helm, monitoring_crds: list[str], cluster_owned: bool
 ) -> Iterator[Release]:
-    """`helm install --wait` of the chart with monitoring on, watching APPS_NS only."""
+    """`helm install --wait` of the chart with monitoring on, and the values every install
+    must give: the namespace to watch (APPS_NS) and the Secrets the operator may read."""
     for ns in (APPS_NS, OPERATOR_NS):
         if kubectl.exists("namespace", ns):
             pytest.fail(f"namespace {ns} already exists: a previous run did not clean up")
@@ -499,6 +504,8 @@ def release(
         "--create-namespace",
         "--set",
         f"operator.watchNamespaces={{{APPS_NS}}}",
+        "--set",
+        f"rbac.secretNames={{{SECRET},{MISSING_SECRET}}}",
         "--set",
         "monitoring.serviceMonitor.enabled=true",
         "--set",

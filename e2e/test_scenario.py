@@ -3,7 +3,7 @@
 1. `helm install --wait` of the chart with monitoring on and namespaced RBAC; the API server
    accepted every object.
 2. The operator runs as a local process with a token of the chart's ServiceAccount: the chart's
-   RBAC is what it has (and only that).
+   RBAC is what it has (and only that): no Secret but those it was given.
 3. An embedded PostgreSQL, `venturi migrate`, dead jobs seeded by a real worker, the Secret, a
    worker Deployment at 0 and the JobQueue: Ready, idle, reconciling once per interval.
 4. A JobQueue whose Secret does not exist: not Ready (SecretNotFound), a Warning Event, Fallback
@@ -40,9 +40,11 @@ from e2e.app import FAIL_KIND, KINDS, SLEEP_KIND, Fail, Sleep
 from conftest import (
     APPS_NS,
     CHART,
+    MISSING_SECRET,
     OPERATOR_NS,
     PREFIX,
     SCRAPE_INTERVAL,
+    SECRET,
     Abort,
     Db,
     Helm,
@@ -69,10 +71,9 @@ from venturi.embedded import EmbeddedPostgres
 
 QUEUE = "e2e-queue"
 DEPLOYMENT = "e2e-worker"
-SECRET = "e2e-db"
 BROKEN = "e2e-nosecret"
 BROKEN_DEPLOYMENT = "e2e-other"
-MISSING_SECRET = "e2e-db-missing"
+OTHER_SECRET = "e2e-not-given"  # a Secret the operator was not given (rbac.secretNames)
 
 INTERVAL = 2  # spec.interval, seconds
 COOLDOWN = 5  # cooldownSeconds
@@ -151,13 +152,19 @@ def jobqueue(
     }
 
 
-def worker_deployment(name: str) -> Object:
-    """A worker Deployment at 0 replicas; kwok fakes its pods (the real workers run locally)."""
+def worker_deployment(name: str, queue: str) -> Object:
+    """A worker Deployment at 0 replicas, opted in to being scaled by the JobQueue `queue`;
+    kwok fakes its pods (the real workers run locally)."""
     labels = {"app.kubernetes.io/name": name, "app.kubernetes.io/component": "worker"}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "namespace": APPS_NS, "labels": labels},
+        "metadata": {
+            "name": name,
+            "namespace": APPS_NS,
+            "labels": labels,
+            "annotations": {"venturi.dev/jobqueue": queue},
+        },
         "spec": {
             "replicas": 0,
             "selector": {"matchLabels": labels},
@@ -351,13 +358,17 @@ def test_02_operator_runs_with_the_chart_serviceaccount(
         ("get", "deployments.apps", "-n", APPS_NS),
         ("patch", "deployments.apps", "--subresource=scale", "-n", APPS_NS),
         ("list", "horizontalpodautoscalers.autoscaling", "-n", APPS_NS),
-        ("get", "secrets", "-n", APPS_NS),
+        ("get", f"secret/{SECRET}", "-n", APPS_NS),
+        ("get", f"secret/{MISSING_SECRET}", "-n", APPS_NS),
         ("create", "events", "-n", APPS_NS),
     ]
     denied = [
         ("patch", "deployments.apps", "-n", APPS_NS),  # scale subresource only
         ("delete", "jobqueues.venturi.dev", "-n", APPS_NS),
         ("list", "secrets", "-n", APPS_NS),
+        ("get", "secrets", "-n", APPS_NS),  # any Secret: only the ones it was given
+        ("get", f"secret/{OTHER_SECRET}", "-n", APPS_NS),
+        ("get", f"secret/{SECRET}", "-n", "default"),
         ("patch", "deployments.apps", "--subresource=scale", "-n", "default"),
         ("watch", "jobqueues.venturi.dev", "-n", "default"),
         ("get", "secrets", "-n", OPERATOR_NS),
@@ -368,6 +379,28 @@ def test_02_operator_runs_with_the_chart_serviceaccount(
         assert can_i(kubectl, sa_kubeconfig, *args), f"the chart's RBAC should allow {args}"
     for args in denied:
         assert not can_i(kubectl, sa_kubeconfig, *args), f"the chart's RBAC allows {args}"
+
+    # The same, asked by the admin on the ServiceAccount's behalf (impersonation), and for
+    # real: a Secret it was not given cannot be read, the one it was given can.
+    account = f"--as=system:serviceaccount:{OPERATOR_NS}:{release.service_account}"
+    assert can_i(
+        kubectl, Path(kubectl.kubeconfig), "get", f"secret/{SECRET}", "-n", APPS_NS, account
+    )
+    for args in (("get", f"secret/{OTHER_SECRET}"), ("get", "secrets"), ("list", "secrets")):
+        assert not can_i(kubectl, Path(kubectl.kubeconfig), *args, "-n", APPS_NS, account), args
+    not_given = {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": OTHER_SECRET, "namespace": APPS_NS},
+        "type": "Opaque",
+        "data": {"dsn": b64("postgresql://someone:else@elsewhere/db")},
+    }
+    kubectl.apply(not_given)
+    denied_read = kubectl.run(
+        "get", "secret", OTHER_SECRET, "-n", APPS_NS, kubeconfig=str(sa_kubeconfig), check=False
+    )
+    assert denied_read.returncode != 0, denied_read.stdout
+    assert "Forbidden" in denied_read.stderr, denied_read.stderr
     assert operator.proc.alive()
     assert "venturi_reconcile_duration_seconds" in operator.metrics()
 
@@ -402,7 +435,7 @@ def test_03_jobqueue_ready_and_idle(
         "type": "Opaque",
         "data": {"dsn": b64(db.dsn)},
     }
-    kubectl.apply(secret, worker_deployment(DEPLOYMENT))
+    kubectl.apply(secret, worker_deployment(DEPLOYMENT, QUEUE))
     kubectl.apply(jobqueue(QUEUE, SECRET, DEPLOYMENT, list(KINDS)))
     state.queue_created = time.time()
 
@@ -469,7 +502,7 @@ def test_03b_idle_jobqueue_reconciles_once_per_interval(operator: Operator) -> N
 def test_04_missing_secret_is_reported_and_the_first_queue_keeps_working(
     kubectl: Kubectl, operator: Operator, state: State
 ) -> None:
-    kubectl.apply(worker_deployment(BROKEN_DEPLOYMENT))
+    kubectl.apply(worker_deployment(BROKEN_DEPLOYMENT, BROKEN))
     kubectl.apply(jobqueue(BROKEN, MISSING_SECRET, BROKEN_DEPLOYMENT, ["e2e_other"]))
     state.broken_created = time.time()
 
@@ -538,6 +571,18 @@ def test_04_missing_secret_is_reported_and_the_first_queue_keeps_working(
             "spec.database.prefix in body should match '^[a-z][a-z0-9_]{0,38}$'",
         ),
         ("e2e-bad-kinds", {"kinds_twice": True}, "a job kind may be served by at most one pool"),
+        # The pools are a list-type map keyed by deployment, each pool's kinds a list-type set:
+        # the API server itself refuses duplicates (spec.py refuses them too).
+        (
+            "e2e-dup-deployment",
+            {"deployment_twice": True},
+            'spec.pools[1]: Duplicate value: {"deployment":"e2e-worker"}',
+        ),
+        (
+            "e2e-dup-kind",
+            {"kinds": ["e2e_a", "e2e_b", "e2e_a"]},
+            'spec.pools[0].kinds[2]: Duplicate value: "e2e_a"',
+        ),
     ],
 )
 def test_05_invalid_jobqueue_is_rejected(
@@ -545,9 +590,14 @@ def test_05_invalid_jobqueue_is_rejected(
 ) -> None:
     change = dict(change)
     twice = change.pop("kinds_twice", False)
-    obj = jobqueue(name, SECRET, DEPLOYMENT, ["e2e_a", "e2e_b"], **change)
+    deployment_twice = change.pop("deployment_twice", False)
+    kinds = change.pop("kinds", ["e2e_a", "e2e_b"])
+    obj = jobqueue(name, SECRET, DEPLOYMENT, kinds, **change)
     if twice:
         second = dict(obj["spec"]["pools"][0], deployment="e2e-worker-b", kinds=["e2e_b"])
+        obj["spec"]["pools"].append(second)
+    if deployment_twice:
+        second = dict(obj["spec"]["pools"][0], kinds=["e2e_c"])
         obj["spec"]["pools"].append(second)
     result = kubectl.apply(obj, check=False)
     assert result.returncode != 0, f"the API server accepted an invalid JobQueue: {result.stdout}"

@@ -88,12 +88,17 @@ def apply(env: dict[str, str], objects: list[dict[str, Any]]) -> None:
     )
 
 
-def deployment(name: str, replicas: int) -> dict[str, Any]:
+def deployment(name: str, replicas: int, jobqueue: str) -> dict[str, Any]:
+    """A Deployment opted in to being scaled by the JobQueue `jobqueue`."""
     labels = {"app": name}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "annotations": {"venturi.dev/jobqueue": jobqueue},
+        },
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": labels},
@@ -208,7 +213,7 @@ async def _scenarios(
     metrics_port: int,
 ) -> dict[str, Any]:
     # 1. Wake from zero, several times: one-hour interval, so only NOTIFY can be this fast.
-    apply(env, [deployment("wake", 0), jobqueue("wake", "opb", "wake", 3600)])
+    apply(env, [deployment("wake", 0, "wake"), jobqueue("wake", "opb", "wake", 3600)])
     await _until(lambda: _status_ready(env, "wake"), 60)
     queue = Queue(admin)
     wakes = []
@@ -236,7 +241,7 @@ async def _scenarios(
     prefixes = [f"jq{i:02d}" for i in range(args.jobqueues)]
     for p in prefixes:
         await admin.with_prefix(p).migrate()
-    apply(env, [deployment(f"d{i:02d}", 0) for i in range(args.jobqueues)])
+    apply(env, [deployment(f"d{i:02d}", 0, f"q{i:02d}") for i in range(args.jobqueues)])
     apply(
         env, [jobqueue(f"q{i:02d}", p, f"d{i:02d}", args.interval) for i, p in enumerate(prefixes)]
     )

@@ -1,6 +1,6 @@
 """`venturi-operator`: run the operator (kopf) with its metrics endpoint.
 
-venturi-operator --namespace jobs --metrics-port 8080 --log-level info
+venturi-operator --namespace jobs --metrics-port 8080 --log-level info --max-replicas 100
 venturi-operator --all-namespaces
 """
 
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 import kopf
 
-from venturi_operator.config import OperatorConfig
+from venturi_operator.config import DEFAULT_MAX_REPLICAS, OperatorConfig
 from venturi_operator.databases import Databases
 from venturi_operator.handlers import build_registry
 from venturi_operator.kube import Kube
@@ -39,12 +39,21 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[OperatorConfig, str]:
     parser.add_argument(
         "--log-level", default="info", choices=["debug", "info", "warning", "error"]
     )
+    parser.add_argument(
+        "--max-replicas",
+        type=int,
+        default=DEFAULT_MAX_REPLICAS,
+        help="refuse to scale a pool whose maxReplicas is above this (default %(default)s)",
+    )
     args = parser.parse_args(argv)
+    if not 1 <= args.max_replicas <= 2**31 - 1:
+        parser.error(f"--max-replicas: expected 1 to {2**31 - 1}, got {args.max_replicas}")
     config = OperatorConfig(
         namespaces=tuple(args.namespace),
         metrics_port=args.metrics_port or None,
         metrics_host=args.metrics_host,
         liveness_endpoint=args.liveness or None,
+        max_replicas=args.max_replicas,
     )
     return config, args.log_level
 
@@ -55,7 +64,9 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
     if config.metrics_port is not None:
         metrics.serve(config.metrics_port, config.metrics_host)
     databases = Databases(config)
-    reconciler = Reconciler(Kube.from_environment(), databases, metrics)
+    reconciler = Reconciler(
+        Kube.from_environment(), databases, metrics, max_replicas=config.max_replicas
+    )
     registry = build_registry(reconciler)
     try:
         await kopf.operator(

@@ -2,19 +2,28 @@
 JobQueue that uses it, stats with hard timeouts, and LISTEN wake-ups for scale-from-zero.
 
 A slow or dead database only ever costs its own JobQueues their tick: connecting and querying
-are bounded by timeouts, and nothing here is awaited while another JobQueue reconciles.
+are bounded by timeouts, and nothing here is awaited while another JobQueue reconciles. A pool
+lives as long as some JobQueue uses its DSN: when a JobQueue's DSN changes or the JobQueue goes,
+a pool (and LISTEN connection) no other JobQueue uses is closed.
+
+Nothing here ever repeats a DSN or a driver's error text (both may hold the password, see
+:mod:`venturi_operator.dsn`): messages name the database by `the_database(dsn)`, a failure by
+its exception class. Every connection failure is one generic `ConnectionFailed`, so a JobQueue's
+author cannot use the status to probe what answers at some host and port.
 Uses the runtime's public API only (`venturi.PostgresStore`, `venturi.Queue`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import errno
 import logging
+import re
 from collections.abc import Callable
 
 from venturi import PostgresStore, Queue, Stats
 from venturi_operator.config import OperatorConfig
+from venturi_operator.dsn import ENCODING_HINT, the_database
 
 logger = logging.getLogger(__name__)
 
@@ -40,26 +49,48 @@ class Databases:
         self._config = config
         self._stores: dict[str, PostgresStore] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
+        self._users: dict[object, str] = {}
+        """owner (a JobQueue) -> the DSN it uses: what keeps a pool open."""
         self._watchers: dict[tuple[str, str], dict[object, WakeCallback]] = {}
         """(dsn, prefix) -> owner -> callback."""
         self._listeners: dict[str, asyncio.Task[None]] = {}
         """One LISTEN task per database."""
         self._changed: dict[str, asyncio.Event] = {}
+        self._stopping: list[asyncio.Task[None]] = []
+        """LISTEN tasks cancelled by `watch` (which cannot await), awaited by the next cleanup."""
+        self._failing: dict[str, str] = {}
+        """dsn -> the last failure logged, so that a dead database is logged once, not per tick."""
 
-    async def stats(self, dsn: str, prefix: str) -> Stats:
-        """One grouped stats query, bounded by the statement timeout."""
+    async def stats(self, dsn: str, prefix: str, owner: object) -> Stats:
+        """One grouped stats query, bounded by the statement timeout. `owner` (the JobQueue)
+        now uses `dsn`: the pool of a DSN it used before is closed if no one else uses it."""
+        self._users[owner] = dsn
+        await self._close_unused()
         store = await self._store(dsn)
+        where = the_database(dsn)
         try:
-            return await asyncio.wait_for(
+            stats = await asyncio.wait_for(
                 Queue(store.with_prefix(prefix)).stats(), self._config.statement_timeout + 1
             )
         except TimeoutError:
             raise DatabaseError(
-                "QueryTimeout", f"stats took longer than {self._config.statement_timeout}s"
+                "QueryTimeout",
+                f"reading the queue's stats from {where} took longer than "
+                f"{self._config.statement_timeout}s",
             ) from None
         except Exception as exc:  # asyncpg raises many types; each means "no stats this tick"
-            reason = "SchemaMissing" if "does not exist" in str(exc) else "QueryFailed"
-            raise DatabaseError(reason, f"reading stats failed: {exc}") from None
+            self._log_failure(dsn, "reading stats from", exc)
+            if _schema_missing(exc):
+                raise DatabaseError(
+                    "SchemaMissing",
+                    f"the queue's tables ({prefix}_jobs ...) are not in {where}: run "
+                    f"`venturi migrate` with VENTURI_PREFIX={prefix}",
+                ) from None
+            raise DatabaseError(
+                "QueryFailed", f"reading the queue's stats from {where} failed ({_cause(exc)})"
+            ) from None
+        self._failing.pop(dsn, None)
+        return stats
 
     async def _store(self, dsn: str) -> PostgresStore:
         store = self._stores.get(dsn)
@@ -81,24 +112,36 @@ class Databases:
                         ),
                         self._config.connect_timeout + 1,
                     )
-                except TimeoutError:
-                    raise DatabaseError(
-                        "ConnectionFailed",
-                        f"no connection within {self._config.connect_timeout}s",
-                    ) from None
-                except Exception as exc:  # bad DSN, refused, auth: all mean "unreachable"
-                    raise DatabaseError(
-                        "ConnectionFailed", f"connecting failed: {_redact(str(exc), dsn)}"
-                    ) from None
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:  # bad DSN, refused, timeout, auth: see _connect_error
+                    self._log_failure(dsn, "connecting to", exc)
+                    raise _connect_error(dsn, exc) from None
+                if dsn not in self._users.values():  # its last user went while connecting
+                    await store.close()
+                    raise DatabaseError("ConnectionFailed", "no JobQueue uses this database")
+                self._failing.pop(dsn, None)
                 self._stores[dsn] = store
         return store
 
+    def _log_failure(self, dsn: str, doing: str, exc: BaseException) -> None:
+        """For the operator's log: the database and the exception's class (never its text)."""
+        what = f"{doing} {the_database(dsn)} failed: {_cause(exc)}"
+        if self._failing.get(dsn) != what:
+            self._failing[dsn] = what
+            logger.warning("%s", what)
+
     def watch(self, dsn: str, prefix: str, owner: object, callback: WakeCallback) -> None:
-        """Call `callback(kind)` for every job notification on this queue (until `unwatch`).
+        """Call `callback(kind)` for every job notification on this queue (until `release`),
+        and on no other queue: a queue the owner watched before stops calling it.
 
         One LISTEN connection per database serves every watched queue in it; it is
         re-established (with the new set of queues) whenever that set changes.
         """
+        self._users[owner] = dsn
+        for key in [k for k, owners in self._watchers.items() if owner in owners]:
+            if key != (dsn, prefix):
+                self._unwatch(key, owner)
         watchers = self._watchers.setdefault((dsn, prefix), {})
         new_queue = not watchers
         watchers[owner] = callback
@@ -110,20 +153,43 @@ class Databases:
         elif new_queue:
             self._changed[dsn].set()
 
-    async def unwatch(self, owner: object) -> None:
+    async def release(self, owner: object) -> None:
+        """`owner` (a deleted JobQueue) uses no database any more: stop its wake-ups, and
+        close the pools and LISTEN connections that no one else uses."""
+        self._users.pop(owner, None)
+        for key in [k for k, owners in self._watchers.items() if owner in owners]:
+            self._unwatch(key, owner)
+        await self._close_unused()
+
+    def _unwatch(self, key: tuple[str, str], owner: object) -> None:
+        owners = self._watchers[key]
+        owners.pop(owner, None)
+        if owners:
+            return
+        del self._watchers[key]
+        dsn = key[0]
+        if any(k[0] == dsn for k in self._watchers):
+            return  # its channel stays subscribed until the next re-listen: harmless
+        task = self._listeners.pop(dsn, None)
+        self._changed.pop(dsn, None)
+        if task is not None:
+            task.cancel()
+            self._stopping.append(task)
+
+    async def _close_unused(self) -> None:
+        """Close every pool whose DSN no owner uses (first the LISTEN tasks on them)."""
         for key, owners in list(self._watchers.items()):
-            if owners.pop(owner, None) is None or owners:
-                continue
-            del self._watchers[key]
-            dsn = key[0]
-            if any(k[0] == dsn for k in self._watchers):
-                continue  # its channel stays subscribed until the next re-listen: harmless
-            task = self._listeners.pop(dsn, None)
-            self._changed.pop(dsn, None)
-            if task is not None:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+            for owner in [o for o in owners if self._users.get(o) != key[0]]:
+                self._unwatch(key, owner)  # (an owner's wake-ups follow the DSN it uses)
+        stopping, self._stopping = self._stopping, []
+        await asyncio.gather(*stopping, return_exceptions=True)
+        used = set(self._users.values())
+        for dsn in [d for d in self._stores if d not in used]:
+            store = self._stores.pop(dsn)
+            self._connecting.pop(dsn, None)
+            await store.close()
+        for dsn in [d for d in self._failing if d not in used]:
+            del self._failing[dsn]
 
     async def _listen(self, dsn: str) -> None:
         delay = 0.5
@@ -161,8 +227,10 @@ class Databases:
                         continue  # the set of queues changed: listen again at once
             except asyncio.CancelledError:
                 raise
+            except DatabaseError:
+                pass  # connecting failed: logged by _store, and the status says it
             except Exception as exc:  # any failure: wait and listen again
-                logger.warning("LISTEN failed: %s", _redact(str(exc), dsn))
+                logger.warning("LISTEN on %s failed: %s", the_database(dsn), _cause(exc))
             await asyncio.sleep(delay)
             delay = min(delay * 2, RELISTEN_DELAY_MAX)
 
@@ -170,13 +238,48 @@ class Databases:
         for task in self._listeners.values():
             task.cancel()
         await asyncio.gather(*self._listeners.values(), return_exceptions=True)
+        await asyncio.gather(*self._stopping, return_exceptions=True)
         self._listeners.clear()
+        self._stopping.clear()
         self._watchers.clear()
+        self._users.clear()
         stores = list(self._stores.values())
         self._stores.clear()
         await asyncio.gather(*(s.close() for s in stores), return_exceptions=True)
 
 
-def _redact(message: str, dsn: str) -> str:
-    """Never echo a DSN (it may hold a password) into a status or a log."""
-    return message.replace(dsn, "<dsn>")
+_SQLSTATE = re.compile(r"[0-9A-Z]{5}")
+
+
+def _cause(exc: BaseException) -> str:
+    """An exception as its class and code (errno or SQLSTATE): never its message, which may
+    quote the DSN, its password, or what some server at an arbitrary address said."""
+    cause = type(exc).__name__
+    code = getattr(exc, "errno", None)
+    if isinstance(code, int) and code in errno.errorcode:
+        cause += f" {errno.errorcode[code]}"
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(sqlstate, str) and _SQLSTATE.fullmatch(sqlstate):
+        cause += f" SQLSTATE {sqlstate}"
+    return cause
+
+
+def _schema_missing(exc: BaseException) -> bool:
+    """The queue's tables are absent (asyncpg's undefined_table, or the runtime's own error)."""
+    return getattr(exc, "sqlstate", None) == "42P01" or "venturi migrate" in str(exc)
+
+
+def _connect_error(dsn: str, exc: BaseException) -> DatabaseError:
+    """What a JobQueue's status may say about a failed connection: a DSN that does not parse,
+    or one generic failure (refused, unreachable, timed out, TLS, credentials alike)."""
+    if isinstance(exc, ValueError):
+        # asyncpg's ClientConfigurationError is a ValueError, as are urllib's and int()'s.
+        return DatabaseError(
+            "InvalidDSN",
+            f"the DSN does not parse as a PostgreSQL URL or key=value string: {ENCODING_HINT}",
+        )
+    return DatabaseError(
+        "ConnectionFailed",
+        f"cannot connect to {the_database(dsn)}: unreachable, refused, timed out or "
+        "credentials rejected (the operator's log says which)",
+    )

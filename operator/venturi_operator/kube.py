@@ -19,6 +19,9 @@ from kubernetes.client.exceptions import ApiException
 GROUP = "venturi.dev"
 VERSION = "v1alpha1"
 PLURAL = "jobqueues"
+SCALE_ANNOTATION = f"{GROUP}/jobqueue"
+"""A Deployment's opt-in to being scaled: the name of the one JobQueue (in its namespace) that
+may scale it. Only someone who may edit the Deployment can set it."""
 
 
 class KubeError(Exception):
@@ -36,6 +39,8 @@ class DeploymentState:
     """spec.replicas (what the operator scales)."""
     ready: int
     """status.readyReplicas."""
+    jobqueue: str | None = None
+    """The SCALE_ANNOTATION: the JobQueue the Deployment lets scale it, if any."""
 
 
 class Kube:
@@ -83,13 +88,17 @@ class Kube:
         except ApiException as exc:
             if exc.status == 404:
                 raise KubeError("SecretNotFound", f"Secret {namespace}/{name} not found") from None
+            if exc.status == 403:
+                raise KubeError(
+                    "Forbidden",
+                    f"the operator may not read Secret {namespace}/{name}: add it to the "
+                    "operator's Secrets (the chart's rbac.secretNames)",
+                ) from None
             raise _error(exc, f"reading Secret {namespace}/{name}") from None
         data = secret.data or {}
         if key not in data:
-            raise KubeError(
-                "SecretKeyMissing",
-                f"Secret {namespace}/{name} has no key {key!r} (keys: {sorted(data)})",
-            )
+            # The key asked for only: the other keys are not the JobQueue author's to learn.
+            raise KubeError("SecretKeyMissing", f"Secret {namespace}/{name} has no key {key!r}")
         try:
             return base64.b64decode(data[key]).decode()
         except (binascii.Error, UnicodeDecodeError):
@@ -106,9 +115,11 @@ class Kube:
                     "DeploymentNotFound", f"Deployment {namespace}/{name} not found"
                 ) from None
             raise _error(exc, f"reading Deployment {namespace}/{name}") from None
+        annotations = (dep.metadata.annotations if dep.metadata is not None else None) or {}
         return DeploymentState(
             replicas=int(dep.spec.replicas if dep.spec.replicas is not None else 1),
             ready=int(dep.status.ready_replicas or 0) if dep.status else 0,
+            jobqueue=annotations.get(SCALE_ANNOTATION),
         )
 
     async def other_autoscalers(self, namespace: str) -> dict[str, str]:

@@ -9,6 +9,7 @@ restarted operator starts fresh histories, which the policy seeds safely.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -17,8 +18,9 @@ from typing import Any
 
 from venturi import Stats
 from venturi_operator import policy, status
+from venturi_operator.config import DEFAULT_MAX_REPLICAS
 from venturi_operator.databases import DatabaseError, Databases
-from venturi_operator.kube import Kube, KubeError
+from venturi_operator.kube import SCALE_ANNOTATION, Kube, KubeError
 from venturi_operator.metrics import OperatorMetrics, PoolSnapshot, Snapshot
 from venturi_operator.spec import JobQueueSpec, PoolSpec, SpecError, parse_spec, pool_loads
 from venturi_operator.spec import unserved_kinds as find_unserved
@@ -27,6 +29,16 @@ logger = logging.getLogger(__name__)
 
 EventSink = Callable[[str, str, str], None]
 """post(type, reason, message): an Event on the JobQueue (Normal or Warning)."""
+
+
+class Refused(Exception):
+    """A pool the operator will not scale (a rule, not an API failure); like KubeError, its
+    `reason` and `message` go to the pool's status and the Ready condition."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+        self.message = message
 
 
 @dataclass
@@ -58,10 +70,13 @@ class Reconciler:
         *,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], datetime] = lambda: datetime.now(UTC),
+        max_replicas: int = DEFAULT_MAX_REPLICAS,
     ) -> None:
         self.kube = kube
         self.databases = databases
         self.metrics = metrics
+        self.max_replicas = max_replicas
+        """No pool is scaled whose maxReplicas is above it (whatever its JobQueue says)."""
         self._clock = clock
         self._wall = wall
         self._memory: dict[tuple[str, str], _Memory] = {}
@@ -79,7 +94,7 @@ class Reconciler:
     async def forget(self, namespace: str, name: str) -> None:
         self._memory.pop((namespace, name), None)
         self.metrics.forget(namespace, name)
-        await self.databases.unwatch((namespace, name))
+        await self.databases.release((namespace, name))
 
     async def tick(
         self,
@@ -149,7 +164,7 @@ class Reconciler:
             )
             if on_wake is not None:
                 self.databases.watch(dsn, spec.database.prefix, (namespace, name), on_wake)
-            stats = await self.databases.stats(dsn, spec.database.prefix)
+            stats = await self.databases.stats(dsn, spec.database.prefix, (namespace, name))
         except (KubeError, DatabaseError) as exc:
             db_problem = (exc.reason, exc.message)
 
@@ -188,7 +203,7 @@ class Reconciler:
                     current, decision = await self._scale_pool(
                         namespace, name, pool, load, memory, spec.paused, now, post
                     )
-                except KubeError as exc:
+                except (KubeError, Refused) as exc:
                     pool_problems.append((exc.reason, exc.message))
                     entry |= {"reason": exc.reason, "message": exc.message}
                 else:
@@ -273,8 +288,20 @@ class Reconciler:
         post: EventSink,
     ) -> tuple[int, policy.Decision]:
         """Read one pool's Deployment, decide with the pure policy, scale it if the replicas
-        change (an Event and a metric), and remember the history; returns (current, decision)."""
-        current = (await self.kube.deployment(namespace, pool.deployment)).replicas
+        change (an Event and a metric), and remember the history; returns (current, decision).
+        Refuses a pool above the operator's replica ceiling, or whose Deployment has not opted
+        in to this JobQueue: naming a Deployment must not be enough to scale it."""
+        if pool.max_replicas > self.max_replicas:
+            raise Refused(
+                "MaxReplicasAboveLimit",
+                f"pool {pool.deployment}: maxReplicas {pool.max_replicas} is above the "
+                f"operator's limit of {self.max_replicas} (venturi-operator --max-replicas; "
+                "the chart's operator.maxReplicas)",
+            )
+        deployment = await self.kube.deployment(namespace, pool.deployment)
+        if deployment.jobqueue != name:
+            raise Refused("NotOptedIn", _not_opted_in(namespace, name, pool, deployment.jobqueue))
+        current = deployment.replicas
         decision = policy.decide(
             load,
             pool,
@@ -306,6 +333,22 @@ class Reconciler:
         memory.histories[pool.deployment] = decision.history
         memory.replicas[pool.deployment] = decision.replicas
         return current, decision
+
+
+_NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")
+
+
+def _not_opted_in(namespace: str, name: str, pool: PoolSpec, other: str | None) -> str:
+    where = f"Deployment {namespace}/{pool.deployment}"
+    if other:
+        # Repeated only if it is a name: an annotation may hold anything, of any length.
+        whom = f"JobQueue {other!r}" if _NAME.fullmatch(other) else "another JobQueue"
+        return f"{where} opted in to scaling by {whom}, not {name!r}: left alone"
+    return (
+        f"{where} has not opted in to scaling by this JobQueue: whoever manages it annotates it "
+        f"(kubectl -n {namespace} annotate deployment {pool.deployment} "
+        f"{SCALE_ANNOTATION}={name})"
+    )
 
 
 def _previous_pool(previous_status: Mapping[str, Any], deployment: str) -> Mapping[str, Any]:

@@ -85,13 +85,26 @@ def _values_file(values: Object) -> str:
     return handle.name
 
 
-def template_text(values: Object | None = None, *, chart: Path = CHART) -> str:
-    """`helm template` of the chart with `values` on top of values.yaml; raises HelmError."""
-    path = _values_file(values or {})
+INSTALL: Object = {
+    "operator": {"watchNamespaces": ["jobs"]},
+    "rbac": {"secretNames": ["venturi-db"]},
+}
+"""What every install must set (the chart refuses to guess what the operator may see and read);
+the tests' values go on top (``{"operator": {"watchNamespaces": []}}`` clears it again)."""
+
+
+def template_text(
+    values: Object | None = None, *, chart: Path = CHART, base: Object | None = INSTALL
+) -> str:
+    """`helm template` of the chart with `base`, then `values`, on top of values.yaml (helm
+    merges them as `--values a --values b` does); raises HelmError."""
+    paths = [_values_file(v) for v in (base or {}, values or {})]
     try:
-        return helm("template", RELEASE, "--namespace", NAMESPACE, "--values", path, chart=chart)
+        flags = [arg for path in paths for arg in ("--values", path)]
+        return helm("template", RELEASE, "--namespace", NAMESPACE, *flags, chart=chart)
     finally:
-        os.unlink(path)
+        for path in paths:
+            os.unlink(path)
 
 
 @functools.cache

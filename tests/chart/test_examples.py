@@ -12,6 +12,8 @@ import pytest
 import yaml
 
 from venturi import Worker
+from venturi_operator.dsn import describe
+from venturi_operator.kube import SCALE_ANNOTATION
 from venturi_operator.spec import parse_spec
 
 from .rendering import REPO
@@ -60,6 +62,8 @@ def test_the_names_agree() -> None:
     assert database["key"] in secret["stringData"]
     assert worker["kind"] == "Deployment"
     assert worker["metadata"]["name"] == jobqueue["spec"]["pools"][0]["deployment"]
+    # The Deployment opts in to being scaled by this JobQueue (the operator refuses otherwise).
+    assert worker["metadata"]["annotations"][SCALE_ANNOTATION] == jobqueue["metadata"]["name"]
     (container,) = worker["spec"]["template"]["spec"]["containers"]
     variables = env(container)
     assert variables["VENTURI_DSN"]["valueFrom"]["secretKeyRef"] == {
@@ -71,6 +75,12 @@ def test_the_names_agree() -> None:
     (job_container,) = migrate["spec"]["template"]["spec"]["containers"]
     assert env(job_container)["VENTURI_DSN"] == variables["VENTURI_DSN"]
     assert job_container["command"] == ["venturi", "migrate"]
+
+
+def test_the_dsn_is_a_url_the_operator_can_describe() -> None:
+    dsn = load("secret.yaml")["stringData"]["dsn"]
+    assert dsn.startswith("postgresql://")
+    assert describe(dsn) == "postgres.database.svc:5432/venturi"
 
 
 def test_worker_deployment() -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -12,6 +13,7 @@ import yaml
 
 from .rendering import (
     CHART,
+    INSTALL,
     NAMESPACE,
     HelmError,
     Object,
@@ -56,21 +58,49 @@ def flat_rules(role: Object) -> list[tuple[str, str, tuple[str, ...]]]:
     return sorted(out)
 
 
-def test_lint_strict_passes_with_defaults_and_with_everything_on() -> None:
-    helm("lint", "--strict")
-    with tempfile.NamedTemporaryFile("w", suffix=".yaml", encoding="utf-8") as f:
-        yaml.safe_dump({**ALL_MONITORING, "operator": {"watchNamespaces": ["jobs", "batch"]}}, f)
-        f.flush()
-        helm("lint", "--strict", "--values", f.name)
+def test_lint_strict_passes_with_the_required_values_and_with_everything_on() -> None:
+    for values in (INSTALL, {**INSTALL, **ALL_MONITORING}):
+        with tempfile.NamedTemporaryFile("w", suffix=".yaml", encoding="utf-8") as f:
+            yaml.safe_dump(values, f)
+            f.flush()
+            helm("lint", "--strict", "--values", f.name)
+
+
+@pytest.mark.parametrize(
+    ("values", "message"),
+    [
+        ({}, "operator.watchNamespaces is required"),
+        ({"operator": {"watchNamespaces": ["jobs"]}}, "rbac.secretNames is required"),
+        ({"operator": {"watchAllNamespaces": True}}, "rbac.secretNames is required"),
+        (
+            {"operator": {"watchNamespaces": ["jobs"], "watchAllNamespaces": True}},
+            "exclude each other",
+        ),
+        (
+            {
+                "operator": {"watchNamespaces": ["jobs"]},
+                "rbac": {"secretNames": ["a"], "readAllSecrets": True},
+            },
+            "exclude each other",
+        ),
+    ],
+)
+def test_the_defaults_grant_nothing_cluster_wide_they_ask(values: Object, message: str) -> None:
+    """Without the namespaces and the Secrets, the chart fails with what to set: it never
+    falls back to reading every Secret of the cluster."""
+    with pytest.raises(HelmError, match=re.escape(message)) as failed:
+        template_text(values, base=None)
+    assert "--set" in str(failed.value) or "exclude" in message
 
 
 def test_default_objects() -> None:
     kinds = sorted(d["kind"] for d in render())
     assert kinds == [
-        "ClusterRole",
-        "ClusterRoleBinding",
         "CustomResourceDefinition",
         "Deployment",
+        "NetworkPolicy",
+        "Role",
+        "RoleBinding",
         "Service",
         "ServiceAccount",
     ]
@@ -89,7 +119,8 @@ def test_operator_deployment() -> None:
     assert container["image"] == "venturi:0.1.0"  # the chart's appVersion
     assert container["command"] == ["venturi-operator"]
     assert container["args"] == [
-        "--all-namespaces",
+        "--namespace=jobs",
+        "--max-replicas=100",
         "--metrics-port=8080",
         "--liveness=http://0.0.0.0:8081/healthz",
         "--log-level=info",
@@ -124,11 +155,12 @@ def test_security_context_is_restricted() -> None:
     assert any(v["name"] == "tmp" and "emptyDir" in v for v in pod["volumes"])
 
 
-def test_cluster_wide_rbac_by_default() -> None:
-    docs = render()
+def test_cluster_wide_rbac_only_when_asked() -> None:
+    docs = render({"operator": {"watchNamespaces": [], "watchAllNamespaces": True}})
     assert of_kind(docs, "Role") == [] and of_kind(docs, "RoleBinding") == []
     role = one(docs, "ClusterRole")
     assert flat_rules(role) == EXPECTED_RULES
+    assert secrets_rule(role)["resourceNames"] == ["venturi-db"]  # by name, even cluster-wide
     binding = one(docs, "ClusterRoleBinding")
     assert binding["roleRef"] == {
         "apiGroup": "rbac.authorization.k8s.io",
@@ -139,6 +171,12 @@ def test_cluster_wide_rbac_by_default() -> None:
     assert binding["subjects"] == [
         {"kind": "ServiceAccount", "name": account["name"], "namespace": NAMESPACE}
     ]
+    assert "--all-namespaces" in operator_container(docs)["args"]
+
+
+def secrets_rule(role: Object) -> Object:
+    [rule] = [r for r in role["rules"] if "secrets" in r["resources"]]
+    return dict(rule)
 
 
 def test_watched_namespaces_get_roles_and_flags() -> None:
@@ -160,8 +198,8 @@ def test_watched_namespaces_get_roles_and_flags() -> None:
 
 def test_secret_names_restrict_only_the_secrets_rule() -> None:
     docs = render({"rbac": {"secretNames": ["db-a", "db-b"]}})
-    rules = one(docs, "ClusterRole")["rules"]
-    restricted = [r for r in rules if "resourceNames" in r]
+    [role] = of_kind(docs, "Role")
+    restricted = [r for r in role["rules"] if "resourceNames" in r]
     assert restricted == [
         {
             "apiGroups": [""],
@@ -170,11 +208,49 @@ def test_secret_names_restrict_only_the_secrets_rule() -> None:
             "resourceNames": ["db-a", "db-b"],
         }
     ]
-    assert flat_rules(one(docs, "ClusterRole")) == EXPECTED_RULES
+    assert flat_rules(role) == EXPECTED_RULES
+
+
+def test_every_secret_only_when_asked() -> None:
+    docs = render({"rbac": {"secretNames": [], "readAllSecrets": True}})
+    [role] = of_kind(docs, "Role")
+    assert "resourceNames" not in secrets_rule(role)
+    assert flat_rules(role) == EXPECTED_RULES
+
+
+def test_network_policy_admits_only_metrics_and_health() -> None:
+    docs = render()
+    policy = one(docs, "NetworkPolicy")["spec"]
+    pod_labels = one(docs, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    assert policy["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert policy["policyTypes"] == ["Ingress"]  # egress: the API server and any database
+    assert [rule["ports"] for rule in policy["ingress"]] == [
+        [{"port": "metrics", "protocol": "TCP"}],
+        [{"port": "healthz", "protocol": "TCP"}],
+    ]
+    assert all("from" not in rule for rule in policy["ingress"])
+    container_ports = {p["name"] for p in operator_container(docs)["ports"]}
+    assert container_ports == {"metrics", "healthz"}  # the named ports exist
+
+    scrapers = [{"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "mon"}}}]
+    narrowed = one(render({"networkPolicy": {"metricsFrom": scrapers}}), "NetworkPolicy")
+    assert narrowed["spec"]["ingress"][0]["from"] == scrapers
+    assert "from" not in narrowed["spec"]["ingress"][1]
+    assert of_kind(render({"networkPolicy": {"enabled": False}}), "NetworkPolicy") == []
+
+
+def test_max_replicas_reaches_the_operator() -> None:
+    args = operator_container(render({"operator": {"maxReplicas": 7}}))["args"]
+    assert "--max-replicas=7" in args
 
 
 def test_rbac_and_service_account_can_be_left_out() -> None:
-    docs = render({"rbac": {"create": False}, "serviceAccount": {"create": False, "name": "mine"}})
+    docs = render(
+        {
+            "rbac": {"create": False, "secretNames": []},
+            "serviceAccount": {"create": False, "name": "mine"},
+        }
+    )
     for kind in ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "ServiceAccount"):
         assert of_kind(docs, kind) == []
     assert one(docs, "Deployment")["spec"]["template"]["spec"]["serviceAccountName"] == "mine"
@@ -209,7 +285,7 @@ def test_every_object_has_the_recommended_labels() -> None:
 def test_names_follow_the_release() -> None:
     docs = render({"fullnameOverride": "jobs-operator"})
     assert one(docs, "Deployment")["metadata"]["name"] == "jobs-operator"
-    assert one(docs, "ClusterRole")["metadata"]["name"] == "jobs-operator"
+    assert one(docs, "Role")["metadata"]["name"] == "jobs-operator"
 
 
 def test_escape_hatches_reach_the_pod() -> None:
@@ -256,6 +332,8 @@ def test_escape_hatches_reach_the_pod() -> None:
         ({"operator": {"logLevel": "trace"}}, "logLevel"),
         ({"operator": {"watchNamespaces": ["Not_A_Namespace"]}}, "does not match pattern"),
         ({"crds": {"enabled": "yes"}}, "crds/enabled"),
+        ({"operator": {"maxReplicas": 0}}, "maxReplicas"),
+        ({"networkPolicy": {"metricsFrom": [{"podSelectr": {}}]}}, "'podSelectr' not allowed"),
     ],
 )
 def test_schema_rejects_unknown_keys_and_bad_values(values: Object, message: str) -> None:

@@ -1478,6 +1478,7 @@ class KubeHarness:
         *,
         replicas: int = 1,
         labels: Mapping[str, str] | None = None,
+        annotations: Mapping[str, str] | None = None,
         status: Mapping[str, Any] | None = None,
     ) -> Body:
         """A valid Deployment; its status says it has settled at ``replicas`` unless given."""
@@ -1490,11 +1491,14 @@ class KubeHarness:
             "availableReplicas": replicas,
         }
         container = {"name": "worker", "image": "venturi-worker:test"}
+        meta = _meta(namespace, name, pod_labels)
+        if annotations:
+            meta["annotations"] = dict(annotations)
         return self.create(
             {
                 "apiVersion": "apps/v1",
                 "kind": "Deployment",
-                "metadata": _meta(namespace, name, pod_labels),
+                "metadata": meta,
                 "spec": {
                     "replicas": replicas,
                     "selector": {"matchLabels": pod_labels},

@@ -4,19 +4,22 @@ Kubernetes (kmock, in kube_harness.py), with a real PostgreSQL for the queue's s
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import json
+import logging
+import uuid
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from kube_harness import DEPLOYMENTS, JOBQUEUES, KubeHarness, kube_fixture, run_operator
+from kube_harness import DEPLOYMENTS, JOBQUEUES, SECRETS, KubeHarness, kube_fixture, run_operator
 
 from venturi import PostgresStore, Queue, Task
 from venturi_operator.config import OperatorConfig
 from venturi_operator.databases import Databases
 from venturi_operator.handlers import build_registry
-from venturi_operator.kube import Kube
+from venturi_operator.kube import SCALE_ANNOTATION, Kube
 from venturi_operator.metrics import OperatorMetrics
 from venturi_operator.reconcile import Reconciler
 
@@ -54,11 +57,19 @@ def spec(prefix: str, secret: str = "db", **pool: Any) -> dict[str, Any]:
     }
 
 
+def worker(kube: KubeHarness, name: str, jobqueue: str, replicas: int) -> None:
+    """A worker Deployment that opted in to being scaled by the JobQueue `jobqueue`."""
+    kube.deployment(NS, name, replicas=replicas, annotations={SCALE_ANNOTATION: jobqueue})
+
+
 @asynccontextmanager
-async def operator(kube: KubeHarness) -> AsyncIterator[Reconciler]:
+async def operator(kube: KubeHarness, **config: Any) -> AsyncIterator[Reconciler]:
     api = kube.api_client()
-    databases = Databases(OperatorConfig(metrics_port=None, liveness_endpoint=None))
-    reconciler = Reconciler(Kube(api), databases, OperatorMetrics())
+    settings = OperatorConfig(metrics_port=None, liveness_endpoint=None, **config)
+    databases = Databases(settings)
+    reconciler = Reconciler(
+        Kube(api), databases, OperatorMetrics(), max_replicas=settings.max_replicas
+    )
     try:
         async with run_operator(kube, build_registry(reconciler), namespaces=[NS]):
             yield reconciler
@@ -86,7 +97,7 @@ async def test_scales_from_the_queue_and_reports_it(
     await queue.enqueue_many(Mail() for _ in range(25))
     await queue.enqueue_many(Report() for _ in range(7))  # served by no pool
     kube.secret(NS, "db", string_data={"dsn": pg_dsn})
-    kube.deployment(NS, "mailer", replicas=0)
+    worker(kube, "mailer", "mail", replicas=0)
     kube.jobqueue(NS, "mail", spec(store.prefix))
 
     async with operator(kube) as reconciler:
@@ -145,7 +156,7 @@ async def test_never_zero_while_jobs_are_claimed(
         f"UPDATE {store.prefix}_jobs SET status = 'claimed', lease_until = now() + interval '1h'"
     )
     kube.secret(NS, "db", string_data={"dsn": pg_dsn})
-    kube.deployment(NS, "mailer", replicas=1)
+    worker(kube, "mailer", "mail", replicas=1)
     kube.jobqueue(NS, "mail", spec(store.prefix))
     async with operator(kube):
         jq = await kube.wait_for(
@@ -174,9 +185,9 @@ async def test_problems_become_conditions_and_others_keep_working(
     await Queue(store).enqueue_many(Mail() for _ in range(15))
     kube.secret(NS, "db", string_data={"dsn": pg_dsn})
     kube.secret(NS, "wrong", string_data={"dsn": "postgresql://nobody@127.0.0.1:1/none"})
-    kube.deployment(NS, "mailer", replicas=0)
-    kube.deployment(NS, "fallback", replicas=0)
-    kube.deployment(NS, "fought", replicas=1)
+    worker(kube, "mailer", "good", replicas=0)
+    worker(kube, "fallback", "downdb", replicas=0)
+    worker(kube, "fought", "conflict", replicas=1)
     kube.hpa(NS, "hpa", target="fought")
     kube.jobqueue(NS, "good", spec(store.prefix))
     kube.jobqueue(NS, "nosecret", spec(store.prefix, secret="absent", deployment="x1"))
@@ -207,7 +218,8 @@ async def test_problems_become_conditions_and_others_keep_working(
         assert warnings and warnings[0]["reason"] == "SecretNotFound"
 
         c = await reason("downdb", "DatabaseReachable", "ConnectionFailed")
-        assert "nobody" not in c["message"] or "<dsn>" in c["message"]  # no DSN leaks
+        assert "127.0.0.1:1/none" in c["message"]  # where, and never who (or the password)
+        assert "nobody" not in c["message"]
         await replicas_become(kube, "fallback", 2)  # fallbackReplicas works from zero
         assert (await reason("downdb", "Fallback", "FallbackReplicas"))["status"] == "True"
 
@@ -221,7 +233,7 @@ async def test_a_job_wakes_a_pool_at_zero_without_waiting_for_the_interval(
     kube: KubeHarness, store: PostgresStore, pg_dsn: str
 ) -> None:
     kube.secret(NS, "db", string_data={"dsn": pg_dsn})
-    kube.deployment(NS, "mailer", replicas=0)
+    worker(kube, "mailer", "mail", replicas=0)
     kube.jobqueue(NS, "mail", {**spec(store.prefix), "interval": 3600})
     async with operator(kube):
         await kube.wait_for(
@@ -247,7 +259,7 @@ async def test_many_jobqueues_share_one_database_connection_budget(
     prefixes = [f"{store.prefix}_{i}" for i in range(12)]
     for i, p in enumerate(prefixes):
         await store.with_prefix(p).migrate()
-        kube.deployment(NS, f"d{i}", replicas=0)
+        worker(kube, f"d{i}", f"q{i}", replicas=0)
         kube.jobqueue(NS, f"q{i}", {**spec(p, deployment=f"d{i}"), "interval": 3600})
     async with operator(kube):
         for i in range(12):
@@ -261,3 +273,268 @@ async def test_many_jobqueues_share_one_database_connection_budget(
         await Queue(store.with_prefix(prefixes[7])).enqueue(Mail())
         await replicas_become(kube, "d7", 1)  # woken through the shared LISTEN connection
         assert kube.get(DEPLOYMENTS, NS, "d3")["spec"]["replicas"] == 0
+
+
+# --- least privilege: what creating a JobQueue lets its author do ---------------------------------
+
+
+async def test_a_deployment_must_opt_in_to_its_jobqueue(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    """Naming a Deployment is not enough: it is scaled only if it names the JobQueue."""
+    await Queue(store).enqueue_many(Mail() for _ in range(25))
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    kube.deployment(NS, "plain", replicas=0)
+    worker(kube, "theirs", "other", replicas=0)
+    kube.jobqueue(NS, "grab", spec(store.prefix, deployment="plain"))
+    kube.jobqueue(NS, "steal", spec(store.prefix, deployment="theirs"))
+    async with operator(kube):
+        for name, deployment, says in (
+            ("grab", "plain", f"annotate deployment plain {SCALE_ANNOTATION}=grab"),
+            ("steal", "theirs", "opted in to scaling by JobQueue 'other', not 'steal'"),
+        ):
+            jq = await kube.wait_for(
+                JOBQUEUES,
+                NS,
+                name,
+                lambda o: condition(o, "Ready").get("reason") == "NotOptedIn",
+                timeout=TIMEOUT,
+            )
+            assert condition(jq, "Ready")["status"] == "False"
+            assert says in condition(jq, "Ready")["message"]
+            [pool] = jq["status"]["pools"]
+            assert pool["reason"] == "NotOptedIn"
+            assert "desiredReplicas" not in pool
+            assert jq["status"]["stats"]["pending"] == 25  # the stats were read: only refused
+            assert kube.get(DEPLOYMENTS, NS, deployment)["spec"]["replicas"] == 0
+            # kopf posts Events in the background: await it.
+            warnings = await kube.wait_until(
+                lambda name=name: [
+                    e for e in kube.events(NS, involved=name) if e["type"] == "Warning"
+                ],
+                timeout=TIMEOUT,
+            )
+            assert [e["reason"] for e in warnings] == ["NotOptedIn"]
+
+        # Whoever may edit the Deployment opts it in: from then on it is scaled.
+        kube.patch(
+            DEPLOYMENTS, NS, "plain", {"metadata": {"annotations": {SCALE_ANNOTATION: "grab"}}}
+        )
+        await replicas_become(kube, "plain", 3)
+        assert kube.get(DEPLOYMENTS, NS, "theirs")["spec"]["replicas"] == 0
+
+
+async def test_max_replicas_above_the_operators_limit_is_refused(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    await Queue(store).enqueue_many(Mail() for _ in range(25))
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=0)
+    worker(kube, "bounded", "bounded", replicas=0)
+    kube.jobqueue(NS, "mail", spec(store.prefix, maxReplicas=5))
+    kube.jobqueue(NS, "bounded", spec(store.prefix, deployment="bounded", maxReplicas=4))
+    async with operator(kube, max_replicas=4):
+        jq = await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            "mail",
+            lambda o: condition(o, "Ready").get("reason") == "MaxReplicasAboveLimit",
+            timeout=TIMEOUT,
+        )
+        message = condition(jq, "Ready")["message"]
+        assert "maxReplicas 5 is above the operator's limit of 4" in message
+        assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 0
+        await replicas_become(kube, "bounded", 3)  # at the limit is fine
+
+
+async def test_a_missing_key_is_named_without_the_secrets_other_keys(
+    kube: KubeHarness, store: PostgresStore
+) -> None:
+    kube.secret(NS, "db", string_data={"url": "x", "admin-password": "y"})
+    worker(kube, "mailer", "mail", replicas=0)
+    kube.jobqueue(NS, "mail", spec(store.prefix))
+    async with operator(kube):
+        jq = await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            "mail",
+            lambda o: condition(o, "Ready").get("reason") == "SecretKeyMissing",
+            timeout=TIMEOUT,
+        )
+        # kopf posts Events in the background: await the Warning.
+        [event] = await kube.wait_until(lambda: kube.events(NS, involved="mail"), timeout=TIMEOUT)
+    message = condition(jq, "Ready")["message"]
+    assert message == f"Secret {NS}/db has no key 'dsn'"
+    assert event["message"] == message
+
+
+# --- DSN secrecy -------------------------------------------------------------------------------
+
+
+def leaky_dsns(pg_dsn: str) -> dict[str, tuple[str, list[str]]]:
+    """JobQueue name -> (a DSN with a password where asyncpg's parser would quote it, the
+    password's pieces that must never show). Each piece is unique, so a hit names its case."""
+    where = pg_dsn.removeprefix("postgresql://postgres@")  # 127.0.0.1:PORT/postgres
+    host = where.split("/")[0]
+    return {
+        # "#" starts a fragment: the port becomes "Alpha1hush", which int() quotes.
+        "fragment": (
+            f"postgresql://postgres:Alpha1hush#Alpha2hush@{where}",
+            ["Alpha1hush", "Alpha2hush"],
+        ),
+        # "/" starts the path: the port is "Bravo1hush" and the database the rest.
+        "slash": (
+            f"postgresql://postgres:Bravo1hush/Bravo2hush@{where}",
+            ["Bravo1hush", "Bravo2hush"],
+        ),
+        # "?" starts the query: "Charlie2hush@..." is a query field without "=".
+        "query-mark": (
+            f"postgresql://postgres:Charlie1hush?Charlie2hush@{where}",
+            ["Charlie1hush", "Charlie2hush"],
+        ),
+        # An "@" in the password: the host becomes "Delta2hush@127.0.0.1".
+        "at-sign": (
+            f"postgresql://postgres:Delta1hush@Delta2hush@{where}",
+            ["Delta1hush", "Delta2hush"],
+        ),
+        # A numeric first piece: a valid port, and the database name holds the rest.
+        "numeric": (f"postgresql://postgres:4321/Echo2hush@{where}", ["Echo2hush"]),
+        # In the query string, with an unescaped "&": "Foxtrot2hush" is a bad query field.
+        "query": (
+            f"postgresql://postgres@{where}?password=Foxtrot1hush&Foxtrot2hush",
+            ["Foxtrot1hush", "Foxtrot2hush"],
+        ),
+        # No scheme: asyncpg quotes what it took for one.
+        "no-scheme": (f"Golf1hush:Golf2hush@{where}", ["Golf1hush", "Golf2hush"]),
+        # A "%" that is not an escape (the server trusts us: this one connects).
+        "percent": (
+            f"postgresql://postgres:Hotel1hush%zzHotel2hush@{where}",
+            ["Hotel1hush", "Hotel2hush"],
+        ),
+        # libpq key=value with an unquoted space in the password.
+        "conninfo": (
+            f"host={host.split(':')[0]} port={host.split(':')[1]} dbname=postgres user=postgres "
+            "password=India1hush India2hush",
+            ["India1hush", "India2hush"],
+        ),
+        # A bad option next to the password in the query.
+        "bad-option": (
+            f"postgresql://postgres@{where}?password=Juliet1hush&sslmode=Juliet2hush",
+            ["Juliet1hush", "Juliet2hush"],
+        ),
+    }
+
+
+async def test_no_part_of_a_dsn_but_host_port_and_database_is_ever_shown(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    cases = leaky_dsns(pg_dsn)
+    for i, (name, (dsn, _)) in enumerate(cases.items()):
+        kube.secret(NS, f"db-{name}", string_data={"dsn": dsn})
+        worker(kube, f"w{i}", name, replicas=0)
+        kube.jobqueue(
+            NS,
+            name,
+            spec(store.prefix, secret=f"db-{name}", deployment=f"w{i}", fallbackReplicas=1),
+        )
+    async with operator(kube):
+        for name in cases:
+            await kube.wait_for(
+                JOBQUEUES,
+                NS,
+                name,
+                lambda o: condition(o, "DatabaseReachable").get("reason") is not None,
+                timeout=TIMEOUT,
+            )
+        statuses = {name: kube.get(JOBQUEUES, NS, name)["status"] for name in cases}
+        failing = {
+            n for n, s in statuses.items() if condition({"status": s}, "Ready")["status"] == "False"
+        }
+
+        def warned() -> bool:  # kopf posts Events in the background: await every Warning
+            about = {e["involvedObject"]["name"] for e in kube.events(NS) if e["type"] == "Warning"}
+            return failing <= about
+
+        await kube.wait_until(warned, timeout=TIMEOUT)
+        events = kube.events(NS)
+    shown = json.dumps(statuses) + json.dumps([e["message"] for e in events]) + caplog.text
+    for name, (_, pieces) in cases.items():
+        for piece in pieces:
+            assert piece.lower() not in shown.lower(), f"{name}: {piece} was shown"
+    reasons = {
+        name: condition({"status": status}, "DatabaseReachable")["reason"]
+        for name, status in statuses.items()
+    }
+    assert reasons["percent"] == "StatsRead"  # the control: the server trusts us, it connects
+    for name in ("fragment", "slash", "query-mark", "query", "bad-option"):
+        assert reasons[name] == "InvalidDSN", (name, statuses[name])
+    for name in ("at-sign", "numeric"):  # they parse, but the "host" holds half the password
+        assert reasons[name] == "ConnectionFailed", (name, statuses[name])
+        message = condition({"status": statuses[name]}, "DatabaseReachable")["message"]
+        assert "does not say unambiguously where it is" in message, message
+    assert set(reasons.values()) <= {"StatsRead", "InvalidDSN", "ConnectionFailed"}, reasons
+
+
+async def test_a_changed_dsn_or_a_deleted_jobqueue_closes_what_no_one_uses(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    """The pool and LISTEN connection of a DSN no JobQueue uses any more are closed (counted in
+    pg_stat_activity by the operator's application_name), and a shared one is kept."""
+    app = f"venturi-operator-{uuid.uuid4().hex[:8]}"
+    other = f"{pg_dsn}?sslmode=disable"  # the same server under another DSN: another pool
+
+    async def backends() -> set[int]:
+        rows = await store._pool.fetch(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = $1", app
+        )
+        return {r["pid"] for r in rows}
+
+    async def eventually(what: str, check: Callable[[set[int]], bool]) -> set[int]:
+        # pg_stat_activity has no change feed to await: poll it, with a deadline.
+        deadline = asyncio.get_running_loop().time() + TIMEOUT
+        while not check(pids := await backends()):
+            assert asyncio.get_running_loop().time() < deadline, f"{what}: not so ({pids})"
+            await asyncio.sleep(0.1)
+        return pids
+
+    async def ready(name: str) -> None:
+        await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            name,
+            lambda o: condition(o, "Ready").get("status") == "True",
+            timeout=TIMEOUT,
+        )
+
+    kube.secret(NS, "one", string_data={"dsn": pg_dsn})
+    kube.secret(NS, "two", string_data={"dsn": pg_dsn})
+    worker(kube, "d1", "q1", replicas=0)
+    worker(kube, "d2", "q2", replicas=0)
+    kube.jobqueue(NS, "q1", spec(store.prefix, secret="one", deployment="d1"))
+    kube.jobqueue(NS, "q2", spec(store.prefix, secret="two", deployment="d2"))
+    async with operator(kube, application_name=app):
+        await ready("q1")
+        await ready("q2")
+        # One pool and one LISTEN connection for both (min_size 1: at least two backends).
+        first = await eventually("the first pool", lambda pids: len(pids) >= 2)
+
+        # q1 moves to another DSN while q2 still uses the first: both pools are open.
+        kube.patch(SECRETS, NS, "one", {"stringData": {"dsn": other}})
+        both = await eventually("a second pool", lambda pids: bool(pids - first))
+        assert first <= both, "the first pool is still in use by q2"
+
+        # q2 moves too: no one uses the first DSN, so its connections go.
+        kube.patch(SECRETS, NS, "two", {"stringData": {"dsn": other}})
+        second = await eventually("the first pool closed", lambda pids: not pids & first)
+        assert second, "the second DSN's pool stays open"
+        await ready("q2")
+
+        # Deleting one JobQueue keeps the pool the other uses; deleting the last closes it.
+        kube.delete(JOBQUEUES, NS, "q1")
+        await kube.wait_until(lambda: kube.find(JOBQUEUES, NS, "q1") is None, timeout=TIMEOUT)
+        await ready("q2")
+        assert await backends() & second, "q2's pool was closed with q1"
+        kube.delete(JOBQUEUES, NS, "q2")
+        await kube.wait_until(lambda: kube.find(JOBQUEUES, NS, "q2") is None, timeout=TIMEOUT)
+        await eventually("every pool closed", lambda pids: not pids)

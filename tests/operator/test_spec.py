@@ -495,6 +495,22 @@ def test_schema_is_structural() -> None:
             _assert_valid(node, node["default"], f"default of {path}")
 
 
+def test_duplicates_spec_py_refuses_are_refused_by_the_crds_list_types() -> None:
+    """A deployment in two pools, or a kind twice in a pool: spec.py refuses both, and so does
+    the API server, through the list types (jsonschema here ignores them; e2e test_05 applies
+    both to a real API server and sees "Duplicate value")."""
+    pools = spec_schema()["properties"]["pools"]
+    assert pools["x-kubernetes-list-type"] == "map"
+    assert pools["x-kubernetes-list-map-keys"] == ["deployment"]
+    assert pools["items"]["properties"]["kinds"]["x-kubernetes-list-type"] == "set"
+    twice = with_(FULL, "pools[1].deployment", "mailers")
+    with pytest.raises(SpecError, match=r"pools\[1\]\.deployment: duplicate deployment"):
+        parse_spec(twice)
+    again = with_(FULL, "pools[0].kinds", ["send_email", "send_email"])
+    with pytest.raises(SpecError, match=r"pools\[0\]\.kinds\[1\]: duplicate kind"):
+        parse_spec(again)
+
+
 def test_cel_rules_iterate_only_bounded_lists_and_strings() -> None:
     """The API server refuses CEL rules whose worst-case cost it cannot bound.
 

@@ -93,7 +93,8 @@ venturi.rbacRules: what the operator does, and nothing more (kube.py, handlers.p
 - deployments get and deployments/scale get/patch: read replicas, scale through the subresource;
 - horizontalpodautoscalers and KEDA scaledobjects list: a Deployment another autoscaler
   scales is left alone (403 and 404 on scaledobjects are tolerated);
-- secrets get: the DSN in each JobQueue's spec.database.secretName (rbac.secretNames narrows it);
+- secrets get: the DSN in each JobQueue's spec.database.secretName, only the Secrets named in
+  rbac.secretNames (every Secret only with rbac.readAllSecrets);
 - events create/patch: the operator's Events on JobQueues (kopf posts core v1 Events).
 */}}
 {{- define "venturi.rbacRules" -}}
@@ -118,9 +119,9 @@ venturi.rbacRules: what the operator does, and nothing more (kube.py, handlers.p
 - apiGroups: [""]
   resources: ["secrets"]
   verbs: ["get"]
-  {{- with .Values.rbac.secretNames }}
+  {{- if not .Values.rbac.readAllSecrets }}
   resourceNames:
-    {{- toYaml . | nindent 4 }}
+    {{- toYaml .Values.rbac.secretNames | nindent 4 }}
   {{- end }}
 - apiGroups: [""]
   resources: ["events"]
@@ -131,6 +132,21 @@ venturi.rbacRules: what the operator does, and nothing more (kube.py, handlers.p
 venturi.validate: value combinations the schema cannot express fail here, loudly.
 */}}
 {{- define "venturi.validate" -}}
+{{- $op := .Values.operator }}
+{{- if and $op.watchNamespaces $op.watchAllNamespaces }}
+{{- fail "operator.watchNamespaces and operator.watchAllNamespaces=true exclude each other: set one" }}
+{{- end }}
+{{- if not (or $op.watchNamespaces $op.watchAllNamespaces) }}
+{{- fail "operator.watchNamespaces is required: the namespaces whose JobQueues the operator watches, for example --set 'operator.watchNamespaces={jobs}' (or operator.watchAllNamespaces=true to watch every namespace, with cluster-wide RBAC)" }}
+{{- end }}
+{{- if .Values.rbac.create }}
+{{- if and .Values.rbac.secretNames .Values.rbac.readAllSecrets }}
+{{- fail "rbac.secretNames and rbac.readAllSecrets=true exclude each other: set one" }}
+{{- end }}
+{{- if not (or .Values.rbac.secretNames .Values.rbac.readAllSecrets) }}
+{{- fail "rbac.secretNames is required: the Secrets the operator may read, the spec.database.secretName of every JobQueue, for example --set 'rbac.secretNames={venturi-db}' (or rbac.readAllSecrets=true to let it read every Secret in the watched namespaces)" }}
+{{- end }}
+{{- end }}
 {{- if and .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled }}
 {{- fail "monitoring.serviceMonitor.enabled and monitoring.podMonitor.enabled cannot both be true: Prometheus would scrape the operator twice" }}
 {{- end }}
