@@ -66,7 +66,7 @@ from conftest import (
     wait_until,
     worker_env,
 )
-from venturi import HistoryFilter, JobStatus, Task
+from venturi import JobFilter, JobStatus, Task
 from venturi.embedded import EmbeddedPostgres
 
 QUEUE = "e2e-queue"
@@ -807,7 +807,7 @@ def test_07_workers_drain_the_queue_and_the_pool_goes_to_zero(
         )
     )
     completed = db.call(
-        db.queue.jobs(HistoryFilter(status=JobStatus.COMPLETED, kind=SLEEP_KIND, limit=1000))
+        db.queue.jobs(JobFilter(status=JobStatus.COMPLETED, kind=SLEEP_KIND, limit=1000))
     )
     assert len(completed) == BACKLOG
     assert db.stats().dead_by_kind == {FAIL_KIND: DEAD_SEEDED + DEAD_IN_BACKLOG}

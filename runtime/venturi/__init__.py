@@ -4,6 +4,7 @@ Everything public is exported here; submodules prefixed with `_` are private.
 """
 
 from venturi.backoff import Backoff
+from venturi.codec import Codec, JsonCodec
 from venturi.context import Context
 from venturi.errors import (
     AttachmentTooLarge,
@@ -16,8 +17,8 @@ from venturi.errors import (
 from venturi.identity import WorkerIdentity
 from venturi.jobs import (
     CleanupCriteria,
-    HistoryFilter,
     Job,
+    JobFilter,
     JobStatus,
     JournalEntry,
     JournalOutcome,
@@ -36,14 +37,16 @@ __all__ = [
     "AttachmentTooLarge",
     "Backoff",
     "CleanupCriteria",
+    "Codec",
     "Context",
     "DedupKey",
     "DuplicateKindError",
-    "HistoryFilter",
     "Job",
+    "JobFilter",
     "JobStatus",
     "JournalEntry",
     "JournalOutcome",
+    "JsonCodec",
     "Merge",
     "Outcome",
     "PanicPolicy",

@@ -23,9 +23,9 @@ from typing import Any
 import msgspec
 from ulid import ULID
 
-from venturi import codec
 from venturi._records import ClaimedJob, Settlement
 from venturi.backoff import Backoff, retry_delay
+from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.context import Context
 from venturi.errors import PayloadError
 from venturi.outcome import Outcome, PanicPolicy, TaskError, failure_note
@@ -60,6 +60,8 @@ class Policy:
     jitter_fraction: float
     backstop: int | None
     panic_policy: PanicPolicy
+    codec: Codec = DEFAULT_CODEC
+    """How payloads and carries decode and encode (the queue's producers use the same)."""
 
 
 async def execute(
@@ -73,8 +75,8 @@ async def execute(
     """Run `job` and return its settlement. A forced abort by venturi becomes a release."""
     log_extra = {"job_id": str(job.id), "kind": job.kind}
     try:
-        task = codec.decode(reg.task_type, job.payload)
-        carry = _decode_carry(reg.carry_type, job.carry)
+        task = policy.codec.decode(reg.task_type, job.payload)
+        carry = _decode_carry(policy.codec, reg.carry_type, job.carry)
     except (msgspec.ValidationError, msgspec.DecodeError, TypeError, ValueError) as exc:
         note = f"undecodable payload for kind {job.kind!r}: {exc}"
         logger.error("job %s (%s) dead: %s", job.id, job.kind, note, extra=log_extra)
@@ -129,7 +131,7 @@ async def execute(
         permanent = policy.panic_policy is PanicPolicy.DEAD
         return _failure(job, ctx, policy, exc, started, permanent=permanent)
     unrecordable = functools.partial(_unrecordable, job, policy, duration)
-    if result.kind == "completed":
+    if result.status == "completed":
         return Settlement(
             job.id,
             job.claim_token,
@@ -140,7 +142,7 @@ async def execute(
             duration_s=duration,
             unrecordable=unrecordable,
         )
-    carry_json, carry_error = _encode_carry(ctx)
+    carry_json, carry_error = _encode_carry(policy.codec, ctx)
     if carry_error is not None:
         return _failure(job, ctx, policy, carry_error, started, permanent=False)
     return Settlement(
@@ -158,7 +160,7 @@ async def execute(
     )
 
 
-def _decode_carry(carry_type: type[Any] | None, data: str | None) -> Any:
+def _decode_carry(codec: Codec, carry_type: type[Any] | None, data: str | None) -> Any:
     if carry_type is None:
         return None
     if data is None:
@@ -166,7 +168,7 @@ def _decode_carry(carry_type: type[Any] | None, data: str | None) -> Any:
     return codec.decode(carry_type, data)
 
 
-def _encode_carry(ctx: Context[Any]) -> tuple[str | None, Exception | None]:
+def _encode_carry(codec: Codec, ctx: Context[Any]) -> tuple[str | None, Exception | None]:
     if ctx.carry is None:
         return None, None
     try:
@@ -186,7 +188,7 @@ def _failure(
 ) -> Settlement:
     """The run failed with `exc`; its carry and attachment are kept."""
     message = failure_note(exc)
-    carry_json, _ = _encode_carry(ctx)
+    carry_json, _ = _encode_carry(policy.codec, ctx)
     attachment = ctx.attachment.decode() if ctx.attachment is not None else None
     duration = time.monotonic() - started
     return _failed(

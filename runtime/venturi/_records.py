@@ -6,9 +6,10 @@ The typed world (dataclasses, Context) lives above the store; these are what cro
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any, Literal, TypeVar
 
 from ulid import ULID
 
@@ -17,7 +18,8 @@ from venturi.jobs import JournalEntry
 
 @dataclass(slots=True)  # not frozen: built once per enqueued job, frozen init costs
 class NewJob:
-    """A job to insert. Exactly one of run_at / delay_s may be set (else: now)."""
+    """One job to insert (`NewJobs.of` makes a batch of them). Exactly one of run_at /
+    delay_s may be set (else: now)."""
 
     id: ULID
     kind: str
@@ -30,6 +32,76 @@ class NewJob:
     backoff_base_s: float | None = None
     backoff_cap_s: float | None = None
     dedup_key: str | None = None
+
+
+@dataclass(slots=True)
+class NewJobs:
+    """Jobs to insert into one named queue, by column: entry i of every column is job i.
+
+    The one shape every insert takes (a single enqueue is a batch of one). An optional column
+    left None is NULL for every job, which is what most batches are (no per-job policy), and
+    costs nothing to send.
+    """
+
+    queue: str
+    ids: Sequence[uuid.UUID | ULID]
+    kinds: Sequence[str]
+    priorities: Sequence[int]
+    payloads: Sequence[str]
+    run_at: Sequence[datetime | None] | None = None
+    delay_s: Sequence[float | None] | None = None
+    lease_s: Sequence[float | None] | None = None
+    backoff_base_s: Sequence[float | None] | None = None
+    backoff_cap_s: Sequence[float | None] | None = None
+    dedup_keys: Sequence[str | None] | None = None
+
+    def __post_init__(self) -> None:
+        # A short column would be padded with NULLs by unnest(): refuse it here instead.
+        n = len(self.ids)
+        columns: tuple[Sequence[Any] | None, ...] = (
+            self.kinds,
+            self.priorities,
+            self.payloads,
+            self.run_at,
+            self.delay_s,
+            self.lease_s,
+            self.backoff_base_s,
+            self.backoff_cap_s,
+            self.dedup_keys,
+        )
+        if any(c is not None and len(c) != n for c in columns):
+            raise ValueError(f"NewJobs: every column must hold {n} values, one per job")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @classmethod
+    def of(cls, jobs: Sequence[NewJob]) -> NewJobs:
+        """The batch of `jobs`, which must all belong to one named queue."""
+        queue = jobs[0].queue if jobs else ""
+        if any(j.queue != queue for j in jobs):
+            raise ValueError("NewJobs: every job of a batch must belong to the same queue")
+        return cls(
+            queue=queue,
+            ids=[j.id for j in jobs],
+            kinds=[j.kind for j in jobs],
+            priorities=[j.priority for j in jobs],
+            payloads=[j.payload for j in jobs],
+            run_at=_optional([j.run_at for j in jobs]),
+            delay_s=_optional([j.delay_s for j in jobs]),
+            lease_s=_optional([j.lease_s for j in jobs]),
+            backoff_base_s=_optional([j.backoff_base_s for j in jobs]),
+            backoff_cap_s=_optional([j.backoff_cap_s for j in jobs]),
+            dedup_keys=_optional([j.dedup_key for j in jobs]),
+        )
+
+
+_T = TypeVar("_T")
+
+
+def _optional(values: list[_T | None]) -> list[_T | None] | None:
+    """None for a column with no value at all (see `NewJobs`)."""
+    return None if all(v is None for v in values) else values
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +122,10 @@ class ClaimedJob:
     history: tuple[JournalEntry, ...]
 
 
+SettledAs = Literal["completed", "paused", "failed", "dead", "released", "returned"]
+"""What a settlement writes (see `job_settle_many`)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Settlement:
     """One run's result, to be written (guarded by the claim token) with its journal row."""
@@ -57,8 +133,9 @@ class Settlement:
     id: uuid.UUID
     claim_token: uuid.UUID
     kind: str
-    outcome: str
-    """A JournalOutcome value: completed, paused, failed, dead or released."""
+    outcome: SettledAs
+    """The journal's outcome (completed, paused, failed, dead, released), or "returned" for
+    a prefetched job handed back unrun (nothing journaled)."""
     delay_s: float = 0.0
     carry: str | None = None
     set_carry: bool = False
@@ -106,9 +183,10 @@ class ExistingJob:
 
 @dataclass(frozen=True, slots=True)
 class MergePlan:
-    """How to apply a merge: a new payload (None keeps it), maybe a carry, maybe a tier."""
+    """How to apply a merge: a new payload (None keeps it), maybe a carry, maybe a tier.
+    `action` is the `Merge` decision, journaled as the `merged` entry's note."""
 
-    action: str
+    action: Literal["keep", "independent", "replace", "with"]
     payload: str | None = None
     set_carry: bool = False
     carry: str | None = None

@@ -35,6 +35,8 @@ MAX_SHUTDOWN_TIMEOUT = 86400.0
 MAX_BACKSTOP = 2**31 - 1
 """Failed executions are counted in a 32-bit column."""
 MAX_PRIORITY_RATIO = 1_000_000
+DEFAULT_QUEUE = "default"
+"""The named queue of a `Queue` or `Worker` not given one."""
 
 
 def check_queue_name(value: object, *, setting: str = "queue") -> str:

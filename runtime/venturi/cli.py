@@ -35,7 +35,7 @@ from ulid import ULID
 
 from venturi.embedded import EmbeddedPostgresError
 from venturi.errors import SchemaError
-from venturi.jobs import CleanupCriteria, HistoryFilter, Job, JobStatus, JournalEntry, Stats
+from venturi.jobs import CleanupCriteria, Job, JobFilter, JobStatus, JournalEntry, Stats
 from venturi.postgres import DEFAULT_PREFIX, PostgresStore
 from venturi.queue import Queue
 from venturi.worker import Worker
@@ -150,7 +150,7 @@ async def _run(args: argparse.Namespace) -> int:
             _out(args, _stats_json(stats), _stats_text(stats))
         elif args.command == "jobs":
             found = await queue.jobs(
-                HistoryFilter(
+                JobFilter(
                     status=JobStatus(args.status) if args.status else None,
                     kind=args.kind,
                     limit=args.limit,

@@ -1,6 +1,9 @@
-"""Payload and carry encoding: JSON through msgspec (fast, typed decoding, clear errors).
+"""Payload and carry encoding: a `Codec` turns tasks and carries into the JSON text stored in
+the jobs table and back. `JsonCodec`, the default, is JSON through msgspec (fast, typed
+decoding, clear errors); another codec (encryption, say) wraps or replaces it and is given to
+`Queue(store, codec=...)` and `Worker(..., codec=...)`, which must agree.
 
-Encoding failures name the offending field and raise `PayloadError` before anything is
+`JsonCodec`'s encoding failures name the offending field and raise `PayloadError` before anything is
 stored: numbers JSON cannot hold (NaN, infinity: msgspec would write `null`), strings with
 a NUL character (PostgreSQL's jsonb refuses them) and nesting too deep to encode are refused,
 never silently changed. Decoding failures at claim time become a dead job with the decoder's
@@ -10,38 +13,81 @@ message (which names the path, e.g. "Expected `int`, got `str` - at `$.account_i
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 
 from venturi._storable import json_problem
 from venturi.errors import PayloadError
 
+T = TypeVar("T")
+
 _encoder = msgspec.json.Encoder()
 
 
-def encode(value: Any, *, role: str = "payload", kind: str = "") -> str:
-    """Encode a task or carry to JSON text, or raise PayloadError naming the bad field.
+class Codec(Protocol):
+    """How payloads and carries are stored: as JSON text (the columns are `jsonb`, so a codec
+    that hides the value, such as encryption, stores a JSON envelope, e.g. a string).
 
-    `role` and `kind` only describe the value in the error (built only on failure: this is
-    the bulk-enqueue hot path)."""
-    try:
-        data = _encoder.encode(value)
-    except RecursionError:
-        raise PayloadError(
-            f"cannot encode {_what(value, role, kind)}: {_culprit(value)}nested too deeply "
-            f"(more levels than Python's recursion limit allows)"
-        ) from None
-    except (TypeError, ValueError, msgspec.EncodeError, OverflowError) as exc:
-        raise PayloadError(
-            f"cannot encode {_what(value, role, kind)}: {_culprit(value)}{exc}"
-        ) from None
-    # NaN and infinity are written as null, a NUL as \u0000: scan (fast) before looking.
-    if data.find(b"null") != -1 or 92 in data:  # 92: a backslash
-        problem = json_problem(data, value)
-        if problem is not None:
-            raise PayloadError(f"cannot encode {_what(value, role, kind)}: {problem}")
-    return data.decode()
+    `encode` raises `PayloadError` for a value it cannot store, before anything is written;
+    `decode` raises `ValueError` (msgspec's errors are ValueErrors) or `TypeError` for data
+    that does not decode into `target`, which sends a claimed job dead with that message.
+    """
+
+    def encode(self, value: Any, *, role: str = "payload", kind: str = "") -> str:
+        """Encode a task or carry. `role` and `kind` only describe the value in errors."""
+        ...
+
+    def decode(self, target: type[T], data: str | bytes) -> T:
+        """Decode stored text into `target` (a task or carry class)."""
+        ...
+
+    def decode_any(self, data: str | bytes) -> Any:
+        """Decode stored text into plain Python values (dicts, lists...), for listings."""
+        ...
+
+
+class JsonCodec:
+    """JSON through msgspec: a task's fields as a JSON object, exactly or not at all."""
+
+    def encode(self, value: Any, *, role: str = "payload", kind: str = "") -> str:
+        """Encode a task or carry to JSON text, or raise PayloadError naming the bad field.
+
+        `role` and `kind` only describe the value in the error (built only on failure: this
+        is the bulk-enqueue hot path)."""
+        try:
+            data = _encoder.encode(value)
+        except RecursionError:
+            raise PayloadError(
+                f"cannot encode {_what(value, role, kind)}: {_culprit(value)}nested too deeply "
+                f"(more levels than Python's recursion limit allows)"
+            ) from None
+        except (TypeError, ValueError, msgspec.EncodeError, OverflowError) as exc:
+            raise PayloadError(
+                f"cannot encode {_what(value, role, kind)}: {_culprit(value)}{exc}"
+            ) from None
+        # NaN and infinity are written as null, a NUL as \u0000: scan (fast) before looking.
+        if data.find(b"null") != -1 or 92 in data:  # 92: a backslash
+            problem = json_problem(data, value)
+            if problem is not None:
+                raise PayloadError(f"cannot encode {_what(value, role, kind)}: {problem}")
+        return data.decode()
+
+    def decode(self, target: type[T], data: str | bytes) -> T:
+        """Decode JSON into `target`; raises msgspec.ValidationError / DecodeError."""
+        found = _decoders.get(target)
+        if found is None:
+            found = _decoders[target] = msgspec.json.Decoder(target)
+        result: T = found.decode(data)
+        return result
+
+    def decode_any(self, data: str | bytes) -> Any:
+        """Decode JSON into plain Python values."""
+        return msgspec.json.decode(data)
+
+
+DEFAULT_CODEC = JsonCodec()
+"""The codec of a `Queue` or `Worker` not given one."""
 
 
 def _what(value: Any, role: str, kind: str) -> str:
@@ -65,23 +111,4 @@ def _culprit(value: Any) -> str:
 
 
 _decoders: dict[type[Any], msgspec.json.Decoder[Any]] = {}
-
-
-def decoder(target: type[Any]) -> msgspec.json.Decoder[Any]:
-    """A cached, typed decoder for a task or carry class."""
-    found = _decoders.get(target)
-    if found is None:
-        found = _decoders[target] = msgspec.json.Decoder(target)
-    return found
-
-
-def decode(target: type[Any], data: str | bytes) -> Any:
-    """Decode JSON into `target`; raises msgspec.ValidationError / DecodeError."""
-    return decoder(target).decode(data)
-
-
-def decode_any(data: str | bytes | None) -> Any:
-    """Decode JSON into plain Python values (for listings and attachments)."""
-    if data is None:
-        return None
-    return msgspec.json.decode(data)
+"""Typed decoders by task or carry class, built once (they hold no state)."""

@@ -125,7 +125,7 @@ class Stats:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class HistoryFilter:
+class JobFilter:
     """Which jobs `Queue.jobs` lists; every criterion is optional. Newest first."""
 
     status: JobStatus | None = None

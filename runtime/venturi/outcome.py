@@ -25,17 +25,20 @@ from venturi.backoff import Seconds, to_seconds
 class Outcome:
     """A successful run's decision: the job is done, or it pauses and resumes later."""
 
-    kind: Literal["completed", "paused"]
+    status: Literal["completed", "paused"]
+    """What becomes of the job: done, or pending again after `delay`."""
     note: str | None = None
     delay: float = 0.0
     """Seconds until a paused job is eligible again (0 for completed jobs)."""
 
     def __post_init__(self) -> None:
-        if self.kind not in ("completed", "paused"):
-            raise ValueError(f"Outcome.kind: expected 'completed' or 'paused', got {self.kind!r}")
+        if self.status not in ("completed", "paused"):
+            raise ValueError(
+                f"Outcome.status: expected 'completed' or 'paused', got {self.status!r}"
+            )
         if self.note is not None:
             object.__setattr__(self, "note", _text(self.note, "Outcome note"))
-        if self.kind == "paused":
+        if self.status == "paused":
             object.__setattr__(self, "delay", to_seconds(self.delay, name="pause_in(delay)"))
         elif self.delay != 0.0:
             raise ValueError(f"Outcome.completed has no delay, got {self.delay!r}")

@@ -1,14 +1,16 @@
 """`PostgresStore`: the PostgreSQL adapter, the only module that talks to asyncpg.
 
-It owns the connection pool, the migrations, and every statement (all in
-`_db/queries.sql`). It speaks plain records (`_records`), never task types, so the
+It owns the connection pool, the migrations, and every statement (in `_db/queries/`, run by
+name with keyword arguments). It speaks plain records (`_records`), never task types, so the
 typed world above it (Queue, Worker) stays free of SQL.
+
+A store runs its statements on its pool, or, bound by `using(conn)`, on a connection the
+caller holds, inside the caller's transaction: the same statements either way.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import hashlib
 import math
@@ -24,23 +26,27 @@ import asyncpg
 import msgspec
 from ulid import ULID
 
-from venturi import _dsn, codec
+from venturi import _dsn
 from venturi._db import sql
 from venturi._db.failures import breaks_connection
+from venturi._db.run import CallersConnection, Pooled, Runner, detached, release
+from venturi._db.run import Connection as Connection  # the caller's: see `using`
 from venturi._records import (
     ClaimedJob,
     ExistingJob,
     MergePlan,
     NewJob,
+    NewJobs,
     Recovery,
     Settlement,
     StaleJob,
 )
+from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.errors import SchemaError, StoreClosedError
 from venturi.jobs import (
     CleanupCriteria,
-    HistoryFilter,
     Job,
+    JobFilter,
     JobStatus,
     JournalEntry,
     JournalOutcome,
@@ -128,13 +134,17 @@ class PostgresStore:
         prefix: str,
         owns_pool: bool,
         connect_args: tuple[str | None, dict[str, Any]] | None = None,
+        conn: CallersConnection | None = None,
     ) -> None:
         self._prefix = sql.validate_prefix(prefix)
         self._q = sql.queries(prefix)
         self._pool = pool
-        self._owns_pool = owns_pool
+        self._owns_pool = owns_pool and conn is None
         self._connect_args = connect_args
         """How the pool connects, so LISTEN can hold a connection of its own outside it."""
+        self._conn = conn
+        """The caller's connection this store is bound to (`using`), if any."""
+        self._run: Runner = conn if conn is not None else Pooled(self._pool_or_raise, self._q)
         self._closed = False
         # One connection of its own pool kept for single-row enqueues while no other
         # enqueue is using it: a pool acquire/release costs about a tenth of an enqueue.
@@ -200,12 +210,34 @@ class PostgresStore:
         return cls(pool, prefix=prefix, owns_pool=False)
 
     def with_prefix(self, prefix: str) -> PostgresStore:
-        """Another queue namespace over the same pool (which this store keeps owning)."""
+        """Another queue namespace over the same pool (which this store keeps owning), or
+        the same caller's connection."""
         return PostgresStore(
-            self._pool_or_raise(),
+            self._pool_or_raise() if self._conn is None else self._pool,
             prefix=prefix,
             owns_pool=False,
             connect_args=self._connect_args,
+            conn=self._conn,
+        )
+
+    def using(self, conn: Connection, *, autocommit: bool = False) -> PostgresStore:
+        """This store's queue (same prefix), on a connection the caller holds: every
+        statement runs on `conn` (an `asyncpg.Connection`, or one acquired from a pool),
+        inside the caller's transaction, so what it writes exists only if that transaction
+        commits, and its wake-ups (NOTIFY) are delivered at the commit.
+
+        Each call raises `ValueError` while `conn` is not in a transaction, unless
+        `autocommit=True` says that each statement committing on its own is meant. A
+        deduplicated enqueue runs under a savepoint and holds its key's lock until the
+        caller's transaction ends. Cheap to make: one per transaction, or per call, is fine.
+        The bound store never closes `conn`, and cannot LISTEN.
+        """
+        return PostgresStore(
+            self._pool,
+            prefix=self._prefix,
+            owns_pool=False,
+            connect_args=self._connect_args,
+            conn=CallersConnection(conn, self._q, autocommit=autocommit),
         )
 
     @property
@@ -254,71 +286,6 @@ class PostgresStore:
             raise StoreClosedError("PostgresStore is closed; create a new one")
         return self._pool
 
-    # Every statement runs through these instead of the pool's own shortcuts: a connection
-    # that failed mid-statement (the server went away, a reply was half read, a timeout or
-    # cancellation struck) is terminated instead of going back to the pool, where the next
-    # caller would trip over its leftover state ("cannot switch to state 12; another
-    # operation is in progress"). The pool has no reset query to catch that (see
-    # `_keep_session`), so this is where it is caught.
-
-    async def _fetch(self, query: str, *args: Any) -> list[asyncpg.Record]:
-        pool = self._pool_or_raise()
-        conn = await pool.acquire()
-        try:
-            return await conn.fetch(query, *args)
-        except BaseException as exc:
-            _discard_if_broken(conn, exc)
-            raise
-        finally:
-            await _release(pool, conn)
-
-    async def _fetchval(self, query: str, *args: Any) -> Any:
-        pool = self._pool_or_raise()
-        conn = await pool.acquire()
-        try:
-            return await conn.fetchval(query, *args)
-        except BaseException as exc:
-            _discard_if_broken(conn, exc)
-            raise
-        finally:
-            await _release(pool, conn)
-
-    async def _fetchrow(self, query: str, *args: Any) -> asyncpg.Record | None:
-        pool = self._pool_or_raise()
-        conn = await pool.acquire()
-        try:
-            return await conn.fetchrow(query, *args)
-        except BaseException as exc:
-            _discard_if_broken(conn, exc)
-            raise
-        finally:
-            await _release(pool, conn)
-
-    async def _execute(self, query: str, *args: Any) -> None:
-        pool = self._pool_or_raise()
-        conn = await pool.acquire()
-        try:
-            await conn.execute(query, *args)
-        except BaseException as exc:
-            _discard_if_broken(conn, exc)
-            raise
-        finally:
-            await _release(pool, conn)
-
-    @asynccontextmanager
-    async def _transaction(self) -> AsyncIterator[asyncpg.pool.PoolConnectionProxy[Any]]:
-        """A pooled connection inside a transaction, discarded if it breaks."""
-        pool = self._pool_or_raise()
-        conn = await pool.acquire()
-        try:
-            async with conn.transaction():
-                yield conn
-        except BaseException as exc:
-            _discard_if_broken(conn, exc)
-            raise
-        finally:
-            await _release(pool, conn)
-
     # -- schema ----------------------------------------------------------------------
 
     async def migrate(self) -> list[int]:
@@ -328,16 +295,19 @@ class PostgresStore:
         transaction under an advisory lock keyed by the prefix.
         """
         applied_now: list[int] = []
-        async with self._transaction() as conn:
-            await conn.execute(self._q["lock_migrations"], _lock_key(self._prefix))
-            await conn.execute(self._q["migration_table_create"])
-            done = {r[0] for r in await conn.fetch(self._q["migration_list"])}
+        q = self._q
+        async with self._run.transaction() as tx:
+            await tx.execute(q["lock_migrations"], key=_lock_key(self._prefix))
+            await tx.execute(q["migration_table_create"])
+            done = {r["version"] for r in await tx.fetch(q["migration_list"])}
             self._refuse_newer(done)
             for migration in sql.migrations(self._prefix):
                 if migration.version in done:
                     continue
-                await conn.execute(migration.sql)
-                await conn.execute(self._q["migration_record"], migration.version, migration.name)
+                await tx.script(migration.sql)
+                await tx.execute(
+                    q["migration_record"], version=migration.version, name=migration.name
+                )
                 applied_now.append(migration.version)
         return applied_now
 
@@ -349,10 +319,10 @@ class PostgresStore:
         One small query; workers run it before they claim anything.
         """
         try:
-            rows = await self._fetch(self._q["migration_list"])
+            rows = await self._run.fetch(self._q["migration_list"])
         except asyncpg.UndefinedTableError as exc:
             raise self._missing_schema(exc) from None
-        done = {r[0] for r in rows}
+        done = {r["version"] for r in rows}
         self._refuse_newer(done)
         missing = sorted({m.version for m in sql.migrations(self._prefix)} - done)
         if missing:
@@ -380,21 +350,28 @@ class PostgresStore:
 
     # -- producing -------------------------------------------------------------------
 
-    async def insert(self, job: NewJob) -> None:
-        query, args = self._q["job_insert"], (*_insert_args(job), self.channel)
-        pool = self._pool_or_raise()
-        if self._held_lock.locked() or not self._owns_pool or self.pool_max_size < 3:
-            # Contended, or the caller's pool (which must close even if this store is not).
+    async def insert(self, jobs: NewJobs) -> None:
+        """Insert a batch of jobs of one named queue in one statement (one round trip), and
+        wake listeners (at commit). Every enqueue comes here, a single one as a batch of one.
+        """
+        if not jobs.ids:
+            return
+        stmt, values = self._q["job_insert"], self._insert_values(jobs)
+        if self._conn is not None or self._held_lock.locked() or not self._holds_connection:
+            # Contended, the caller's connection, or the caller's pool (which must close even
+            # if this store is not).
             try:
-                await self._execute(query, *args)
+                await self._run.execute(stmt, **values)
             except asyncpg.UndefinedTableError as exc:
                 raise self._missing_schema(exc) from None
             return
+        args = stmt.args(values)
+        pool = self._pool_or_raise()
         async with self._held_lock:
             if self._held is None:
                 self._held = await pool.acquire()
             try:
-                await self._held.execute(query, *args)
+                await self._held.execute(stmt.text, *args)
             except BaseException as exc:
                 if isinstance(exc, asyncpg.UndefinedTableError):
                     raise self._missing_schema(exc) from None
@@ -405,60 +382,29 @@ class PostgresStore:
                 # with any failed enqueue; nothing is retried behind its back.
                 held, self._held = self._held, None
                 held.terminate()
-                await _release(pool, held)
+                await release(pool, held)
                 raise
 
-    @_schema_required
-    async def insert_many(self, jobs: Sequence[NewJob]) -> None:
-        """Insert many jobs of one named queue in one statement (one round trip)."""
-        if not jobs:
-            return
-        queue = jobs[0].queue
-        if any(j.queue != queue for j in jobs):
-            raise ValueError("insert_many: every job of a batch must belong to the same queue")
-        await self._execute(
-            self._q["job_insert_many"],
-            [j.id for j in jobs],
-            [j.kind for j in jobs],
-            queue,
-            [j.priority for j in jobs],
-            _column([j.run_at for j in jobs]),
-            _column([j.delay_s for j in jobs]),
-            [j.payload for j in jobs],
-            _column([j.lease_s for j in jobs]),
-            _column([j.backoff_base_s for j in jobs]),
-            _column([j.backoff_cap_s for j in jobs]),
-            _column([j.dedup_key for j in jobs]),
-            self.channel,
-        )
+    @property
+    def _holds_connection(self) -> bool:
+        """Whether single enqueues may keep a connection of the pool (see `__init__`)."""
+        return self._owns_pool and self.pool_max_size >= 3
 
-    @_schema_required
-    async def insert_plain(
-        self,
-        ids: Sequence[ULID],
-        kinds: Sequence[str],
-        queue: str,
-        priority: int,
-        payloads: Sequence[str],
-    ) -> None:
-        """`insert_many` for the common batch: due now, one priority, no per-job policy."""
-        if not ids:
-            return
-        await self._execute(
-            self._q["job_insert_many"],
-            ids,
-            kinds,
-            queue,
-            [priority] * len(ids),
-            None,
-            None,
-            payloads,
-            None,
-            None,
-            None,
-            None,
-            self.channel,
-        )
+    def _insert_values(self, jobs: NewJobs) -> dict[str, Any]:
+        return {
+            "queue": jobs.queue,
+            "ids": jobs.ids,
+            "kinds": jobs.kinds,
+            "priorities": jobs.priorities,
+            "payloads": jobs.payloads,
+            "run_at": _column(jobs.run_at),
+            "delay_s": _column(jobs.delay_s),
+            "lease_s": _column(jobs.lease_s),
+            "backoff_base_s": _column(jobs.backoff_base_s),
+            "backoff_cap_s": _column(jobs.backoff_cap_s),
+            "dedup_keys": _column(jobs.dedup_keys),
+            "channel": self.channel,
+        }
 
     @_schema_required
     async def insert_deduplicated(
@@ -469,30 +415,42 @@ class PostgresStore:
         work.
 
         Producers of one (queue, kind, key) are serialized by an advisory lock, so concurrent
-        enqueues end as the merge policy says, never with two rows where it said one.
+        enqueues end as the merge policy says, never with two rows where it said one. On the
+        caller's connection this runs under a savepoint: a failure (the lock timing out, say,
+        or `decide` raising) rolls back only this enqueue, never the caller's transaction.
         """
         assert job.dedup_key is not None
-        async with self._transaction() as conn:
-            await conn.execute(self._q["dedup_lock"], _dedup_lock_key(self._prefix, job))
-            row = await conn.fetchrow(
-                self._q["job_find_pending_duplicate"], job.kind, job.dedup_key, job.queue
+        q = self._q
+        async with self._run.transaction() as tx:
+            await tx.execute(q["dedup_lock"], key=_dedup_lock_key(self._prefix, job))
+            row = await tx.fetchrow(
+                q["job_find_pending_duplicate"],
+                kind=job.kind,
+                dedup_key=job.dedup_key,
+                queue=job.queue,
             )
             if row is not None:
-                journal = await conn.fetch(self._q["journal_list_for_job"], row[0])
-                existing = ExistingJob(row[0], row[1], row[2], row[3], _journal(journal))
+                journal = await tx.fetch(q["journal_list_for_job"], id=row["id"])
+                existing = ExistingJob(
+                    id=row["id"],
+                    payload=row["payload"],
+                    carry=row["carry"],
+                    run_count=row["run_count"],
+                    journal=_journal(journal),
+                )
                 plan = decide(existing)
                 if plan.action != "independent":
-                    await conn.execute(
-                        self._q["job_merge"],
-                        existing.id,
-                        plan.payload,
-                        plan.set_carry,
-                        plan.carry,
-                        plan.priority,
-                        plan.action,
+                    await tx.execute(
+                        q["job_merge"],
+                        id=existing.id,
+                        payload=plan.payload,
+                        set_carry=plan.set_carry,
+                        carry=plan.carry,
+                        priority=plan.priority,
+                        action=plan.action,
                     )
                     return ULID.from_bytes(existing.id.bytes)
-            await conn.execute(self._q["job_insert"], *_insert_args(job), self.channel)
+            await tx.execute(q["job_insert"], **self._insert_values(NewJobs.of([job])))
             return job.id
 
     # -- consuming -------------------------------------------------------------------
@@ -518,18 +476,18 @@ class PostgresStore:
         (`listen(on_lease=...)`), so every other worker's rescuer knows when to look:
         one notification per busy period, not per claim (see `Rescuer`).
         """
-        rows = await self._fetch(
+        rows = await self._run.fetch(
             self._q["job_claim"],
-            queue,
-            list(kinds),
-            reserved_low,
-            reserved_normal,
-            limit - reserved_low - reserved_normal,
-            worker,
-            pod,
-            default_lease_s,
-            held_lease_s,
-            self.channel,
+            queue=queue,
+            kinds=list(kinds),
+            low_slots=reserved_low,
+            normal_slots=reserved_normal,
+            any_slots=limit - reserved_low - reserved_normal,
+            worker=worker,
+            pod=pod,
+            default_lease_s=default_lease_s,
+            held_lease_s=held_lease_s,
+            channel=self.channel,
         )
         return [
             ClaimedJob(
@@ -551,30 +509,30 @@ class PostgresStore:
 
     async def settle(self, settlements: Sequence[Settlement], *, worker: str) -> set[uuid.UUID]:
         """Write outcomes and journal rows; returns the ids this worker still owned."""
-        rows = await self._fetch(
+        rows = await self._run.fetch(
             self._q["job_settle_many"],
-            [s.id for s in settlements],
-            [s.claim_token for s in settlements],
-            [s.outcome for s in settlements],
-            [s.delay_s for s in settlements],
-            [s.carry for s in settlements],
-            [s.set_carry for s in settlements],
-            [s.note for s in settlements],
-            [s.attachment for s in settlements],
-            [s.duration_s for s in settlements],
-            worker,
-            self.channel,
+            ids=[s.id for s in settlements],
+            tokens=[s.claim_token for s in settlements],
+            outcomes=[s.outcome for s in settlements],
+            delay_s=[s.delay_s for s in settlements],
+            carries=[s.carry for s in settlements],
+            set_carry=[s.set_carry for s in settlements],
+            notes=[s.note for s in settlements],
+            attachments=[s.attachment for s in settlements],
+            durations_s=[s.duration_s for s in settlements],
+            worker=worker,
+            channel=self.channel,
         )
-        return {r[0] for r in rows}
+        return {r["id"] for r in rows}
 
     async def renew_leases(
         self, ids: Sequence[uuid.UUID], tokens: Sequence[uuid.UUID], lease_s: Sequence[float]
     ) -> set[uuid.UUID]:
         """Extend leases; returns the ids still owned (the rest were recovered elsewhere)."""
-        rows = await self._fetch(
-            self._q["job_renew_leases"], list(ids), list(tokens), list(lease_s)
+        rows = await self._run.fetch(
+            self._q["job_renew_leases"], ids=list(ids), tokens=list(tokens), lease_s=list(lease_s)
         )
-        return {r[0] for r in rows}
+        return {r["id"] for r in rows}
 
     async def release_unheld(
         self, *, worker: str, held: Sequence[uuid.UUID], note: str
@@ -582,8 +540,12 @@ class PostgresStore:
         """Hand back every job the database says `worker` holds but it does not: a claim
         whose reply was lost with the connection. Journaled as `released` (not a failure),
         eligible at once. Returns (id, kind) of each job released."""
-        rows = await self._fetch(
-            self._q["job_release_unheld"], worker, list(held), note, self.channel
+        rows = await self._run.fetch(
+            self._q["job_release_unheld"],
+            worker=worker,
+            held=list(held),
+            note=note,
+            channel=self.channel,
         )
         return [(r["id"], r["kind"]) for r in rows]
 
@@ -598,8 +560,8 @@ class PostgresStore:
         """Recover jobs of `queues` whose lease expired: lock them, let `decide` (pure)
         choose, write. Returns (id, kind, new status) for each recovered job.
         """
-        async with self._transaction() as conn:
-            rows = await conn.fetch(self._q["job_select_stale"], limit, list(queues))
+        async with self._run.transaction() as tx:
+            rows = await tx.fetch(self._q["job_select_stale"], limit=limit, queues=list(queues))
             if not rows:
                 return []
             stale = [
@@ -616,27 +578,29 @@ class PostgresStore:
             ]
             tokens = {r["id"]: r["claim_token"] for r in rows}
             decisions = decide(stale)
-            recovered = await conn.fetch(
+            recovered = await tx.fetch(
                 self._q["job_recover_many"],
-                [d.id for d in decisions],
-                [tokens[d.id] for d in decisions],
-                [d.dead for d in decisions],
-                [d.delay_s for d in decisions],
-                [d.note for d in decisions],
-                worker,
-                self.channel,
+                ids=[d.id for d in decisions],
+                tokens=[tokens[d.id] for d in decisions],
+                dead=[d.dead for d in decisions],
+                delay_s=[d.delay_s for d in decisions],
+                notes=[d.note for d in decisions],
+                worker=worker,
+                channel=self.channel,
             )
         return [(r["id"], r["kind"], JobStatus(r["status"])) for r in recovered]
 
     async def next_lease_expiry(self, queues: Sequence[str]) -> float | None:
         """Seconds until the earliest lease in `queues` expires (negative if already
         expired; None when nothing is claimed there)."""
-        value: float | None = await self._fetchval(self._q["lease_next_expiry"], list(queues))
+        value: float | None = await self._run.fetchval(
+            self._q["lease_next_expiry"], queues=list(queues)
+        )
         return value
 
     async def next_due(self, kinds: Sequence[str]) -> float | None:
         """Seconds until the next scheduled job of these kinds becomes eligible."""
-        value: float | None = await self._fetchval(self._q["job_next_due"], list(kinds))
+        value: float | None = await self._run.fetchval(self._q["job_next_due"], kinds=list(kinds))
         return value
 
     @asynccontextmanager
@@ -683,6 +647,11 @@ class PostgresStore:
         (LISTEN is session state, and a long-held pooled connection would shrink the pool
         the worker's loops and handlers share); a `from_pool` store takes one from the pool.
         """
+        if self._conn is not None:
+            raise TypeError(
+                "a store bound to the caller's connection (using) cannot LISTEN: LISTEN needs "
+                "a connection of its own; listen on the store it was made from"
+            )
         channels = {f"{sql.validate_prefix(p)}_jobs": p for p in prefixes}
 
         def notified(_conn: object, _pid: int, channel: str, payload: object) -> None:
@@ -710,7 +679,7 @@ class PostgresStore:
             conn.add_termination_listener(terminated)
             for channel in channels:
                 await conn.add_listener(channel, notified)
-            yield Listening(conn, self._q["connection_probe"])
+            yield Listening(conn, self._q["connection_probe"].text)
         finally:
             # Close rather than UNLISTEN channel by channel: it cannot be interrupted
             # half-way (by a cancellation at shutdown). A pooled connection that died is
@@ -719,31 +688,33 @@ class PostgresStore:
                 conn.remove_termination_listener(terminated)
                 conn.terminate()
             else:
-                if not _detached(conn):
+                if not detached(conn):
                     conn.remove_termination_listener(terminated)
                     conn.terminate()
-                await _release(pool, conn)
+                await release(pool, conn)
 
     # -- operations ------------------------------------------------------------------
 
     @_schema_required
-    async def get_job(self, job_id: ULID | uuid.UUID) -> Job | None:
-        row = await self._fetchrow(self._q["job_get"], _as_uuid(job_id))
-        return None if row is None else _job(row)
+    async def get_job(self, job_id: ULID | uuid.UUID, codec: Codec = DEFAULT_CODEC) -> Job | None:
+        """One job, its payload and carry decoded by `codec` into plain values."""
+        row = await self._run.fetchrow(self._q["job_get"], id=_as_uuid(job_id))
+        return None if row is None else _job(row, codec)
 
     @_schema_required
-    async def list_jobs(self, f: HistoryFilter) -> list[Job]:
-        rows = await self._fetch(
+    async def list_jobs(self, f: JobFilter, codec: Codec = DEFAULT_CODEC) -> list[Job]:
+        """Jobs matching `f`, newest first, their payloads decoded by `codec`."""
+        rows = await self._run.fetch(
             self._q["job_list"],
-            f.status.value if f.status is not None else None,
-            f.kind,
-            f.queue,
-            f.before_id.to_uuid() if f.before_id is not None else None,
-            f.created_after,
-            f.created_before,
-            f.limit,
+            status=f.status.value if f.status is not None else None,
+            kind=f.kind,
+            queue=f.queue,
+            before_id=f.before_id.to_uuid() if f.before_id is not None else None,
+            created_after=f.created_after,
+            created_before=f.created_before,
+            limit=f.limit,
         )
-        return [_job(r) for r in rows]
+        return [_job(r, codec) for r in rows]
 
     @_schema_required
     async def cleanup(
@@ -757,12 +728,12 @@ class PostgresStore:
         `on_batch(total_so_far)` reports progress."""
         total = 0
         while True:
-            n: int = await self._fetchval(
+            n: int = await self._run.fetchval(
                 self._q["job_cleanup_batch"],
-                c.finished_before,
-                c.kind,
-                c.status.value if c.status is not None else None,
-                batch_size,
+                finished_before=c.finished_before,
+                kind=c.kind,
+                status=c.status.value if c.status is not None else None,
+                limit=batch_size,
             )
             total += n
             if on_batch is not None:
@@ -772,26 +743,27 @@ class PostgresStore:
 
     @_schema_required
     async def journal(self, job_id: ULID | uuid.UUID) -> list[JournalEntry]:
-        rows = await self._fetch(self._q["journal_list_for_job"], _as_uuid(job_id))
+        rows = await self._run.fetch(self._q["journal_list_for_job"], id=_as_uuid(job_id))
         return list(_journal(rows))
 
     @_schema_required
     async def stats(self) -> Stats:
-        rows = await self._fetch(self._q["stats"])
+        rows = await self._run.fetch(self._q["stats"])
         pending: dict[str, int] = {}
         scheduled: dict[str, int] = {}
         claimed: dict[str, int] = {}
         dead: dict[str, int] = {}
         oldest: dict[str, float] = {}
-        for status, kind, total, n_scheduled, oldest_s in rows:
+        for r in rows:
+            status, kind, total = r["status"], r["kind"], r["n"]
             if status == "pending":
-                n = total - n_scheduled
+                n = total - r["scheduled"]
                 if n > 0:
                     pending[kind] = n
-                if n_scheduled:
-                    scheduled[kind] = n_scheduled
-                if oldest_s is not None:
-                    oldest[kind] = max(0.0, oldest_s)
+                if r["scheduled"]:
+                    scheduled[kind] = r["scheduled"]
+                if r["oldest_s"] is not None:
+                    oldest[kind] = max(0.0, r["oldest_s"])
             elif status == "claimed":
                 claimed[kind] = total
             else:
@@ -805,38 +777,40 @@ class PostgresStore:
         )
 
 
-def _job(row: asyncpg.Record) -> Job:
+def _job(row: asyncpg.Record, codec: Codec) -> Job:
+    carry = row["carry"]
     return Job(
-        id=ULID.from_bytes(row[0].bytes),
-        kind=row[1],
-        queue=row[2],
-        status=JobStatus(row[3]),
-        priority=row[4],
-        run_at=row[5],
-        created_at=row[6],
-        finished_at=row[7],
-        payload=codec.decode_any(row[8]),
-        carry=codec.decode_any(row[9]),
-        run_count=row[10],
-        failures=row[11],
-        claimed_at=row[12],
-        lease_until=row[13],
-        claimed_by=row[14],
-        claimed_pod=row[15],
-        last_error=row[16],
+        id=ULID.from_bytes(row["id"].bytes),
+        kind=row["kind"],
+        queue=row["queue"],
+        status=JobStatus(row["status"]),
+        priority=row["priority"],
+        run_at=row["run_at"],
+        created_at=row["created_at"],
+        finished_at=row["finished_at"],
+        payload=codec.decode_any(row["payload"]),
+        carry=None if carry is None else codec.decode_any(carry),
+        run_count=row["run_count"],
+        failures=row["failures"],
+        claimed_at=row["claimed_at"],
+        lease_until=row["lease_until"],
+        claimed_by=row["claimed_by"],
+        claimed_pod=row["claimed_pod"],
+        last_error=row["last_error"],
     )
 
 
 def _journal(rows: Sequence[asyncpg.Record]) -> tuple[JournalEntry, ...]:
+    # Attachments are JSON written by `ctx.attach`, not by a task codec.
     return tuple(
         JournalEntry(
-            run=r[1],
-            outcome=JournalOutcome(r[2]),
-            at=r[3],
-            note=r[4],
-            attachment=codec.decode_any(r[5]),
-            duration=r[6],
-            worker=r[7],
+            run=r["run"],
+            outcome=JournalOutcome(r["outcome"]),
+            at=r["at"],
+            note=r["note"],
+            attachment=None if r["attachment"] is None else msgspec.json.decode(r["attachment"]),
+            duration=r["duration_s"],
+            worker=r["worker"],
         )
         for r in rows
     )
@@ -848,45 +822,10 @@ _POOL_ONLY = frozenset({"setup", "init", "max_queries", "max_inactive_connection
 """Pool arguments that a single connection does not take."""
 
 
-def _discard_if_broken(conn: asyncpg.pool.PoolConnectionProxy[Any], exc: BaseException) -> None:
-    """Terminate a pooled connection that failed mid-statement (see `PostgresStore._fetch`)."""
-    if breaks_connection(exc) and not _detached(conn):
-        conn.terminate()
-
-
-def _detached(conn: Any) -> bool:
-    """True once the pool took the connection back (it died, or was released)."""
-    return getattr(conn, "_con", None) is None
-
-
-async def _release(pool: asyncpg.Pool, conn: asyncpg.pool.PoolConnectionProxy[Any]) -> None:
-    """Give a connection back to its pool; a dead or detached one is simply dropped (the pool
-    opens another when needed), and the release never masks the caller's own error."""
-    # When the release's rollback or reset fails, asyncpg has terminated the connection.
-    with contextlib.suppress(asyncpg.InterfaceError, asyncpg.PostgresError, OSError, TimeoutError):
-        await pool.release(conn)
-
-
-def _column(values: list[Any]) -> list[Any] | None:
+def _column(values: Sequence[Any] | None) -> Sequence[Any] | None:
     """NULL for an all-NULL column: multi-array unnest() pads it with NULLs, and asyncpg
     skips encoding a thousand Nones (optional columns are usually unset)."""
-    return None if all(v is None for v in values) else values
-
-
-def _insert_args(job: NewJob) -> tuple[Any, ...]:
-    return (
-        job.id,
-        job.kind,
-        job.queue,
-        job.priority,
-        job.run_at,
-        job.delay_s,
-        job.payload,
-        job.lease_s,
-        job.backoff_base_s,
-        job.backoff_cap_s,
-        job.dedup_key,
-    )
+    return None if values is None or all(v is None for v in values) else values
 
 
 def _dedup_lock_key(prefix: str, job: NewJob) -> int:

@@ -4,6 +4,9 @@ queue = Queue(store)
 job_id = await queue.enqueue(SendEmail(to="a@example.com", subject="hi"))
 await queue.enqueue_in(Reminder(user=7), timedelta(hours=1))
 ids = await queue.enqueue_many(SendEmail(to=a, subject="x") for a in addresses)
+
+async with conn.transaction():                 # the caller's connection and transaction:
+    await queue.enqueue(Welcome(user=7), conn=conn)   # the job exists if this commits
 """
 
 from __future__ import annotations
@@ -18,19 +21,17 @@ from typing import Any
 
 from ulid import ULID
 
-from venturi import codec
 from venturi._hooks import metrics_hooks
-from venturi._records import ExistingJob, MergePlan, NewJob
-from venturi._settings import check_lease, check_queue_name
+from venturi._records import ExistingJob, MergePlan, NewJob, NewJobs
+from venturi._settings import DEFAULT_QUEUE, check_lease, check_queue_name
 from venturi.backoff import MAX_DELAY, Backoff, Seconds, to_seconds
-from venturi.jobs import CleanupCriteria, HistoryFilter, Job, JobStatus, JournalEntry, Stats
+from venturi.codec import DEFAULT_CODEC, Codec
+from venturi.jobs import CleanupCriteria, Job, JobFilter, JobStatus, JournalEntry, Stats
 from venturi.merge import DedupKey, Merge, MergeAction, Pending
-from venturi.postgres import PostgresStore
+from venturi.postgres import Connection, PostgresStore
 from venturi.task import Priority, Task, carry_type_of, kind_of
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_QUEUE = "default"
 
 _KINDS: dict[type[Any], str] = {}
 """Validated KIND per task class (validation is per class, not per job)."""
@@ -74,26 +75,57 @@ def new_ids(n: int) -> list[ULID]:
 
 
 class Queue:
-    """Enqueue jobs and read their state. Cheap to create; share one per store."""
+    """Enqueue jobs and read their state. Cheap to create; share one per store.
+
+    `codec` encodes payloads and carries (and decodes them in listings); the workers that
+    run this queue's jobs must use the same one.
+
+    Every enqueue takes `conn=`: a connection the caller holds (an `asyncpg.Connection` or a
+    pool's), in a transaction the caller opened. The job is then written by the caller's
+    transaction: it exists, and workers are woken, only if that transaction commits.
+    A connection outside a transaction is a `ValueError`, unless `autocommit=True`.
+    `Queue(store.using(conn))` runs every call, listings included, on `conn`.
+    """
 
     def __init__(
-        self, store: PostgresStore, *, queue: str = DEFAULT_QUEUE, metrics: bool = False
+        self,
+        store: PostgresStore,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        metrics: bool = False,
+        codec: Codec = DEFAULT_CODEC,
     ) -> None:
         self.store = store
         self.queue = check_queue_name(queue)
         self.hooks = metrics_hooks(metrics)
+        self.codec = codec
 
-    async def enqueue(self, task: Task[Any], *, priority: Priority | None = None) -> ULID:
+    async def enqueue(
+        self,
+        task: Task[Any],
+        *,
+        priority: Priority | None = None,
+        conn: Connection | None = None,
+        autocommit: bool = False,
+    ) -> ULID:
         """Store a job that is eligible now; returns its id.
 
         When the task has a `dedup_key()` and a pending job of its KIND has the same key,
         `task.merge(existing)` decides, and the id returned is the one holding the work.
         """
-        return await self._store(task, self._new_job(task, priority=priority))
+        store = self._store_for(conn, autocommit)
+        return await self._insert(store, task, self._new_job(task, priority=priority))
 
-    async def _store(self, task: Task[Any], job: NewJob) -> ULID:
+    def _store_for(self, conn: Connection | None, autocommit: bool) -> PostgresStore:
+        if conn is None:
+            if autocommit:
+                raise ValueError("autocommit=True applies to a caller's connection (conn=)")
+            return self.store
+        return self.store.using(conn, autocommit=autocommit)
+
+    async def _insert(self, store: PostgresStore, task: Task[Any], job: NewJob) -> ULID:
         if job.dedup_key is None:
-            await self.store.insert(job)
+            await store.insert(NewJobs.of([job]))
             self._log(job)
             self.hooks.enqueued(job.kind)
             return job.id
@@ -103,7 +135,7 @@ class Queue:
             plans.append(self._merge_plan(task, job, existing))
             return plans[-1]
 
-        holder = await self.store.insert_deduplicated(job, decide)
+        holder = await store.insert_deduplicated(job, decide)
         self._log(job)
         if plans and plans[0].action != "independent":
             self.hooks.merged(job.kind, plans[0].action)
@@ -111,8 +143,8 @@ class Queue:
             self.hooks.enqueued(job.kind)
         return holder
 
-    @staticmethod
-    def _merge_plan(task: Task[Any], job: NewJob, existing: ExistingJob) -> MergePlan:
+    def _merge_plan(self, task: Task[Any], job: NewJob, existing: ExistingJob) -> MergePlan:
+        codec = self.codec
         task_type = type(task)
         carry_type = carry_type_of(task_type)
         pending: Pending[Any] = Pending(
@@ -152,7 +184,13 @@ class Queue:
         )
 
     async def enqueue_at(
-        self, task: Task[Any], when: datetime, *, priority: Priority | None = None
+        self,
+        task: Task[Any],
+        when: datetime,
+        *,
+        priority: Priority | None = None,
+        conn: Connection | None = None,
+        autocommit: bool = False,
     ) -> ULID:
         """Store a job that becomes eligible at `when` (a timezone-aware datetime, within ten
         years of now either way)."""
@@ -160,17 +198,31 @@ class Queue:
             raise ValueError(f"enqueue_at: `when` must be a timezone-aware datetime, got {when!r}")
         if abs((when - datetime.now(UTC)).total_seconds()) > MAX_DELAY:
             raise ValueError(f"enqueue_at: `when` must be within 10 years of now, got {when!r}")
-        return await self._store(task, self._new_job(task, priority=priority, run_at=when))
+        store = self._store_for(conn, autocommit)
+        return await self._insert(store, task, self._new_job(task, priority=priority, run_at=when))
 
     async def enqueue_in(
-        self, task: Task[Any], delay: Seconds, *, priority: Priority | None = None
+        self,
+        task: Task[Any],
+        delay: Seconds,
+        *,
+        priority: Priority | None = None,
+        conn: Connection | None = None,
+        autocommit: bool = False,
     ) -> ULID:
         """Store a job that becomes eligible `delay` from now (by the database clock)."""
         delay_s = to_seconds(delay, name="enqueue_in(delay)")
-        return await self._store(task, self._new_job(task, priority=priority, delay_s=delay_s))
+        store = self._store_for(conn, autocommit)
+        job = self._new_job(task, priority=priority, delay_s=delay_s)
+        return await self._insert(store, task, job)
 
     async def enqueue_many(
-        self, tasks: Iterable[Task[Any]], *, priority: Priority | None = None
+        self,
+        tasks: Iterable[Task[Any]],
+        *,
+        priority: Priority | None = None,
+        conn: Connection | None = None,
+        autocommit: bool = False,
     ) -> list[ULID]:
         """Store many jobs in one round trip; returns their ids in order.
 
@@ -178,14 +230,16 @@ class Queue:
         and nothing is stored. Tasks with a dedup key go through the merge path one by one
         (after the batch); the ids returned are then the ids holding their work.
         """
+        store = self._store_for(conn, autocommit)
         tasks = list(tasks)
         ids = new_ids(len(tasks))
         if all(_plain(type(t)) for t in tasks):
             # The common case, without a record per job: no hooks to call, no dedup keys.
             tier = int(Priority(priority)) if priority is not None else _NORMAL
             kinds = [_kind(type(t)) for t in tasks]
-            payloads = [codec.encode(t, kind=k) for t, k in zip(tasks, kinds, strict=True)]
-            await self.store.insert_plain(ids, kinds, self.queue, tier, payloads)
+            encode = self.codec.encode
+            payloads = [encode(t, kind=k) for t, k in zip(tasks, kinds, strict=True)]
+            await store.insert(NewJobs(self.queue, ids, kinds, [tier] * len(ids), payloads))
             for kind in kinds:
                 self.hooks.enqueued(kind)
             logger.debug("enqueued %d jobs", len(ids))
@@ -193,29 +247,29 @@ class Queue:
         jobs = [
             self._new_job(t, priority=priority, job_id=i) for t, i in zip(tasks, ids, strict=True)
         ]
-        plain = [j for j in jobs if j.dedup_key is None]
-        await self.store.insert_many(plain)
-        for j in plain:
-            self.hooks.enqueued(j.kind)
+        await store.insert(NewJobs.of([j for j in jobs if j.dedup_key is None]))
+        for j in jobs:
+            if j.dedup_key is None:
+                self.hooks.enqueued(j.kind)
         ids = []
         for task, job in zip(tasks, jobs, strict=True):
             if job.dedup_key is None:
                 ids.append(job.id)
             else:
-                ids.append(await self._store(task, job))
+                ids.append(await self._insert(store, task, job))
         logger.debug("enqueued %d jobs", len(jobs))
         return ids
 
     async def job(self, job_id: ULID) -> Job | None:
         """The stored job, or None if there is no such job (or it was cleaned up)."""
-        return await self.store.get_job(job_id)
+        return await self.store.get_job(job_id, self.codec)
 
-    async def jobs(self, filter: HistoryFilter | None = None) -> list[Job]:
+    async def jobs(self, filter: JobFilter | None = None) -> list[Job]:
         """Jobs matching `filter` (all by default), newest first, at most `filter.limit`."""
-        f = filter or HistoryFilter()
+        f = filter or JobFilter()
         if not 1 <= f.limit <= 10_000:
-            raise ValueError(f"HistoryFilter.limit: expected 1..10000, got {f.limit}")
-        return await self.store.list_jobs(f)
+            raise ValueError(f"JobFilter.limit: expected 1..10000, got {f.limit}")
+        return await self.store.list_jobs(f, self.codec)
 
     async def cleanup(self, criteria: CleanupCriteria) -> int:
         """Delete finished jobs (and their journal) matching `criteria`; returns how many.
@@ -250,7 +304,7 @@ class Queue:
         job_id: ULID | None = None,
     ) -> NewJob:
         kind = _kind(type(task))
-        payload = codec.encode(task, kind=kind)
+        payload = self.codec.encode(task, kind=kind)
         tier = priority if priority is not None else task.priority()
         if type(tier) is not Priority:
             tier = Priority(tier)

@@ -28,23 +28,26 @@ import math
 import os
 import uuid
 from collections import Counter, deque
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
 from venturi._completer import Completer
 from venturi._db.failures import is_configuration_error, is_database_failure
-from venturi._executor import Abort, Handler, Policy, Registration, execute
+from venturi._executor import Abort, Policy, Registration, execute
 from venturi._hooks import metrics_hooks
 from venturi._notifier import Notifier
 from venturi._outage import Outage, next_delay
 from venturi._records import ClaimedJob, Settlement
 from venturi._rescuer import Rescuer
-from venturi._settings import worker_settings
+from venturi._settings import DEFAULT_QUEUE, worker_settings
 from venturi._slots import plan_slots
 from venturi.backoff import DEFAULT_BACKOFF, Backoff, Seconds
+from venturi.codec import DEFAULT_CODEC, Codec
+from venturi.context import Context
 from venturi.errors import DuplicateKindError
 from venturi.identity import WorkerIdentity
-from venturi.outcome import PanicPolicy
+from venturi.outcome import Outcome, PanicPolicy
 from venturi.postgres import PostgresStore
 from venturi.task import Task, carry_type_of, kind_of
 
@@ -63,7 +66,6 @@ DEFAULT_JITTER_FRACTION = 0.5
 DEFAULT_BACKSTOP = 25
 """Failed executions before a job goes dead if its task never decides to give up."""
 DEFAULT_PRIORITY_RATIO = 4
-DEFAULT_QUEUE = "default"
 PREFETCH_MAX_FACTOR = 8
 """Most jobs held ahead of free slots, as a multiple of concurrency (short jobs only)."""
 RENEW_FRACTION = 1 / 3
@@ -152,6 +154,7 @@ class Worker(Generic[AppT]):
       inside a Kubernetes pod, 127.0.0.1 elsewhere).
     - `prefetch`: while handlers run shorter than a claim's round trip, claim up to one
       batch ahead so slots never wait on the database (True); never for capped kinds.
+    - `codec`: how payloads and carries decode (JSON); the queue's producers use the same.
     """
 
     def __init__(
@@ -174,6 +177,7 @@ class Worker(Generic[AppT]):
         metrics_port: int | None = None,
         metrics_host: str | None = None,  # all interfaces in a pod, else 127.0.0.1
         prefetch: bool = True,
+        codec: Codec = DEFAULT_CODEC,
     ) -> None:
         if concurrency is None:
             concurrency = default_concurrency()
@@ -205,6 +209,7 @@ class Worker(Generic[AppT]):
             jitter_fraction=settings.jitter_fraction,
             backstop=settings.backstop,
             panic_policy=settings.panic_policy,
+            codec=codec,
         )
         self.prefetch = prefetch
         self.hooks = metrics_hooks(metrics or metrics_port is not None)
@@ -238,7 +243,11 @@ class Worker(Generic[AppT]):
     # -- registration ----------------------------------------------------------------
 
     def register(
-        self, task_type: type[T], handler: Handler | None = None, *, cap: int | None = None
+        self,
+        task_type: type[T],
+        handler: Callable[[T, Context[Any], AppT], Awaitable[Outcome | None]] | None = None,
+        *,
+        cap: int | None = None,
     ) -> None:
         """Teach the worker a task type, and add its KIND to what this worker claims.
 

@@ -541,12 +541,12 @@ async def test_migrating_brings_stored_policies_within_bounds(pg_dsn: str, prefi
     async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
         async with store._pool.acquire() as conn, conn.transaction():
             # The schema as the previous release left it (migrations 1 and 2) ...
-            await conn.execute(sql.queries(prefix)["migration_table_create"])
+            await conn.execute(sql.queries(prefix)["migration_table_create"].text)
+            record = sql.queries(prefix)["migration_record"]
             for migration in sql.migrations(prefix)[:2]:
                 await conn.execute(migration.sql)
-                await conn.execute(
-                    sql.queries(prefix)["migration_record"], migration.version, migration.name
-                )
+                values = {"version": migration.version, "name": migration.name}
+                await conn.execute(record.text, *record.args(values))
             # ... with the rows that release let through.
             rows = {
                 "inf-lease": (math.inf, None, None),

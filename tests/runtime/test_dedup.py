@@ -9,7 +9,7 @@ from typing import Any
 from venturi import (
     Context,
     DedupKey,
-    HistoryFilter,
+    JobFilter,
     JobStatus,
     JournalOutcome,
     Merge,
@@ -191,7 +191,7 @@ async def test_concurrent_producers_end_as_the_policy_says(queue: Queue, pg_dsn:
 
     stats = await queue.stats()
     assert stats.pending_by_kind == {"ping": 1, "digest": 1, "fetch": 1}
-    [digest] = await queue.jobs(HistoryFilter(kind="digest", status=JobStatus.PENDING))
+    [digest] = await queue.jobs(JobFilter(kind="digest", status=JobStatus.PENDING))
     digest_items = digest.payload["items"]
     assert sorted(digest_items) == sorted(f"item{i}" for i in range(50))  # no merge lost
 

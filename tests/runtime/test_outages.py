@@ -12,6 +12,7 @@ import functools
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import asyncpg
 import pytest
@@ -19,7 +20,7 @@ import pytest
 from venturi import (
     Backoff,
     Context,
-    HistoryFilter,
+    JobFilter,
     JobStatus,
     JournalOutcome,
     Outcome,
@@ -31,6 +32,7 @@ from venturi import (
     WorkerIdentity,
 )
 from venturi._completer import Completer
+from venturi._db import sql
 from venturi._db.failures import breaks_connection, is_database_failure, is_refused_data
 from venturi._executor import Policy, _unrecordable
 from venturi._records import Settlement
@@ -96,17 +98,21 @@ async def test_a_connection_that_failed_mid_statement_is_not_reused(pg_dsn: str)
     """The server cancels the statement (class 57): the connection goes, not back to the
     pool, so a half-read reply can never meet the next caller."""
     store = await PostgresStore.connect(pg_dsn, prefix="unused", min_size=1, max_size=1)
+
+    async def fetchval(text: str) -> Any:
+        return await store._run.fetchval(sql.compile_statement("test", text))
+
     try:
-        await store._fetchval("SELECT set_config('statement_timeout', '50', false)")
-        first = await store._fetchval("SELECT pg_backend_pid()")
+        await fetchval("SELECT set_config('statement_timeout', '50', false)")
+        first = await fetchval("SELECT pg_backend_pid()")
         with pytest.raises(asyncpg.QueryCanceledError):
-            await store._fetchval("SELECT pg_sleep(5)")
-        assert await store._fetchval("SELECT pg_backend_pid()") != first
+            await fetchval("SELECT pg_sleep(5)")
+        assert await fetchval("SELECT pg_backend_pid()") != first
         # An error in the statement itself keeps the connection.
-        kept = await store._fetchval("SELECT pg_backend_pid()")
+        kept = await fetchval("SELECT pg_backend_pid()")
         with pytest.raises(asyncpg.DivisionByZeroError):
-            await store._fetchval("SELECT 1 / 0")
-        assert await store._fetchval("SELECT pg_backend_pid()") == kept
+            await fetchval("SELECT 1 / 0")
+        assert await fetchval("SELECT pg_backend_pid()") == kept
     finally:
         await store.close()
 
@@ -165,7 +171,7 @@ async def test_fractional_delays_are_kept(
 
 async def test_ids_from_one_process_sort_in_creation_order(queue: Queue) -> None:
     ids = [await queue.enqueue(Ping(n)) for n in range(50)]
-    listed = await queue.jobs(HistoryFilter(limit=50))
+    listed = await queue.jobs(JobFilter(limit=50))
     assert [j.id for j in listed] == ids[::-1]
 
 
@@ -362,6 +368,6 @@ async def test_handlers_fanning_out_enqueues_on_a_small_pool_do_not_deadlock(
                 return stats.pending == 0 and stats.claimed == 0
 
             await until(all_pongs_done)
-        assert len(await queue.jobs(HistoryFilter(status=JobStatus.COMPLETED, limit=200))) == 84
+        assert len(await queue.jobs(JobFilter(status=JobStatus.COMPLETED, limit=200))) == 84
     finally:
         await store.close()

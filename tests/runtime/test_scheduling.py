@@ -10,7 +10,7 @@ import pytest
 from venturi import (
     CleanupCriteria,
     Context,
-    HistoryFilter,
+    JobFilter,
     JobStatus,
     Outcome,
     Priority,
@@ -97,11 +97,11 @@ async def test_history_listing_and_cleanup(queue: Queue) -> None:
 
         await until(settled)
 
-    dead = await queue.jobs(HistoryFilter(status=JobStatus.DEAD))
+    dead = await queue.jobs(JobFilter(status=JobStatus.DEAD))
     assert {j.id for j in dead} == set(bad)
     assert all(j.last_error == "no" for j in dead)
-    page1 = await queue.jobs(HistoryFilter(kind="flaky", limit=4))
-    page2 = await queue.jobs(HistoryFilter(kind="flaky", limit=10, before_id=page1[-1].id))
+    page1 = await queue.jobs(JobFilter(kind="flaky", limit=4))
+    page2 = await queue.jobs(JobFilter(kind="flaky", limit=10, before_id=page1[-1].id))
     assert [j.id for j in page1 + page2] == sorted([*ok, *bad, later], reverse=True)
 
     with pytest.raises(ValueError, match="only completed or dead"):

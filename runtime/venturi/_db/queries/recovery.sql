@@ -1,0 +1,48 @@
+-- The rescuer's statements: jobs whose lease expired (their worker died or hung).
+
+-- job_select_stale --
+-- Lock claimed jobs of :queues whose lease expired, oldest first, at most :limit. Each
+-- queue's own workers recover its jobs, by its own policy.
+SELECT id, kind, run_count, failures, backoff_base_s, backoff_cap_s, claimed_by, claim_token
+FROM {prefix}_jobs
+WHERE status = 'claimed' AND lease_until < now() AND queue = ANY(:queues::text[])
+ORDER BY lease_until
+LIMIT :limit
+FOR UPDATE SKIP LOCKED;
+
+-- job_recover_many --
+-- Re-pend (with backoff) or kill (backstop reached) jobs locked by job_select_stale.
+WITH r AS (
+    SELECT * FROM unnest(:ids::uuid[], :tokens::uuid[], :dead::bool[], :delay_s::float8[],
+                         :notes::text[])
+        AS r(id, token, dead, delay_s, note)
+), recovered AS (
+    UPDATE {prefix}_jobs AS j SET
+        status = CASE WHEN r.dead THEN 'dead' ELSE 'pending' END,
+        run_at = CASE WHEN r.dead THEN j.run_at
+                      ELSE now() + make_interval(secs => least(greatest(r.delay_s, 0), 315576000))
+                 END,
+        finished_at = CASE WHEN r.dead THEN now() END,
+        failures = j.failures + 1,
+        last_error = r.note,
+        claim_token = NULL,
+        lease_until = NULL
+    FROM r
+    WHERE j.id = r.id AND j.claim_token = r.token  -- still the claim that expired (see settle)
+    RETURNING j.id, j.kind, j.run_count, j.status, r.note
+), journal AS (
+    INSERT INTO {prefix}_journal (job_id, run, outcome, note, worker)
+    SELECT id, run_count, 'stale_recovered', note, :worker FROM recovered
+), woken AS (
+    SELECT pg_notify(:channel, kind) FROM (SELECT DISTINCT kind FROM recovered
+                                           WHERE status = 'pending') AS kinds
+)
+SELECT recovered.id, recovered.kind, recovered.status, (SELECT count(*) FROM woken) AS woken
+FROM recovered;
+
+-- lease_next_expiry --
+-- Seconds until the earliest lease among claimed jobs of :queues expires (NULL when none is
+-- claimed).
+SELECT extract(epoch FROM min(lease_until) - now())::float8 AS expires_in_s
+FROM {prefix}_jobs
+WHERE status = 'claimed' AND queue = ANY(:queues::text[]);
