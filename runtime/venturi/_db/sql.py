@@ -121,7 +121,10 @@ def parse(files: Mapping[str, str]) -> dict[str, Statement]:
         for match in _BLOCK.finditer(text):
             name = match["name"]
             if name in found:
-                raise ValueError(f"statement {name!r} is defined in both {where[name]} and {file}")
+                places = (
+                    f"twice in {file}" if where[name] == file else f"in {where[name]} and {file}"
+                )
+                raise ValueError(f"statement {name!r} is defined {places}")
             lines = [ln for ln in match["body"].splitlines() if not ln.lstrip().startswith("--")]
             found[name] = compile_statement(name, "\n".join(lines).strip())
             where[name] = file
