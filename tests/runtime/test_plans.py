@@ -1,4 +1,4 @@
-"""The batch statements keep their shape under a cached generic plan.
+"""The batch statements (and the insert) keep their shape under a cached generic plan.
 
 PostgreSQL switches a prepared statement to a generic plan after five runs. A generic plan
 guesses that `unnest($1)` yields 10 rows, and statistics taken while the queue was idle say
@@ -57,6 +57,10 @@ async def test_batch_statements_stay_linear_under_generic_plans(pg_dsn: str, pre
         assert len(claimed) == JOBS
         plans.clear()
 
+        # The one insert statement, as a batch and as a single enqueue.
+        await Queue(store).enqueue_many(Ping(i) for i in range(JOBS))
+        await Queue(store).enqueue(Ping(0))
+
         owned = await store.renew_leases(
             [j.id for j in claimed], [j.claim_token for j in claimed], [60.0] * JOBS
         )
@@ -78,6 +82,7 @@ async def test_batch_statements_stay_linear_under_generic_plans(pg_dsn: str, pre
 
     assert len(owned) == JOBS and len(settled) == 200 and len(recovered) == JOBS - 200
     shapes = {
+        "insert": [p for p in plans if f"INSERT INTO {prefix}_jobs" in p],
         "renew": [p for p in plans if "SET lease_until = now() + make_interval" in p],
         "settle": [p for p in plans if "INSERT INTO" in p and "'completed'" in p],
         "recover": [p for p in plans if "'stale_recovered'" in p],
