@@ -124,7 +124,7 @@ async def _scenario(
             await wait_until(far_resumed, 60, "the partitioned worker running jobs again")
 
             async def all_done() -> bool:
-                n = await store._fetchval(
+                n = await store._pool.fetchval(
                     f"SELECT count(*) FROM {prefix}_jobs WHERE status = 'completed'"
                 )
                 return bool(n == JOBS + 8)

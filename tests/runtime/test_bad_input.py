@@ -476,7 +476,7 @@ async def test_delays_and_policies_beyond_their_bounds_are_refused(queue: Queue)
         with pytest.raises(
             ValueError, match=r"enqueue_in\(delay\): expected a duration from 0 s to 10 years"
         ):
-            await queue.enqueue_in(Order(order_id=1), delay)  # type: ignore[arg-type]
+            await queue.enqueue_in(Order(order_id=1), delay)
     for when in (
         datetime.max.replace(tzinfo=UTC),
         datetime.min.replace(tzinfo=UTC),

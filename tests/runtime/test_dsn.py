@@ -133,7 +133,7 @@ async def test_a_keyword_dsn_connects_with_a_hard_password(scram_server: Embedde
             "SELECT current_user, current_database(), current_setting('application_name'), "
             "current_setting('statement_timeout')"
         )
-    assert tuple(row) == ("app", "app db", "kv-test", "4321ms")
+    assert row is not None and tuple(row) == ("app", "app db", "kv-test", "4321ms")
     # The server really checks the password: a wrong one is refused.
     wrong = dsn.replace(_quoted(PASSWORD), _quoted(PASSWORD + "x"))
     with pytest.raises(asyncpg.InvalidPasswordError):

@@ -313,7 +313,7 @@ async def test_renewal_covers_a_job_claimed_during_a_long_renewal_sleep(
         first = (await job_row(pool, prefix, long_id))["lease_until"]
 
         async def long_renewed() -> bool:
-            return (await job_row(pool, prefix, long_id))["lease_until"] != first
+            return bool((await job_row(pool, prefix, long_id))["lease_until"] != first)
 
         await until(long_renewed)  # the renewer just renewed and sleeps 3.0 / 3 s now
         short_id = await queue.enqueue(ShortLease())

@@ -10,6 +10,7 @@ import pytest
 from ulid import ULID
 
 from venturi import PostgresStore, Priority, Queue, Task
+from venturi._records import NewJob, NewJobs
 
 
 @dataclass
@@ -96,3 +97,17 @@ async def test_enqueue_many_stores_policy_for_plain_and_hooked_classes(
     ]
     assert {r["queue"] for r in rows} == {"default"}
     assert {r["payload"] for r in rows} == {"{}"}
+
+
+def test_a_batch_is_one_queue_with_a_value_per_job_in_every_column() -> None:
+    a, b = ULID(), ULID()
+    with pytest.raises(ValueError, match="every column must hold 2 values"):
+        NewJobs("default", [a, b], ["ping"], [1, 1], ["{}", "{}"])
+    with pytest.raises(ValueError, match="every column must hold 2 values"):
+        NewJobs("default", [a, b], ["ping"] * 2, [1, 1], ["{}", "{}"], lease_s=[1.0])
+    jobs = [NewJob(a, "ping", "q", 1, "{}"), NewJob(b, "ping", "q", 1, "{}", lease_s=60.0)]
+    batch = NewJobs.of(jobs)
+    assert (batch.queue, len(batch), batch.lease_s) == ("q", 2, [None, 60.0])
+    assert batch.run_at is None and batch.dedup_keys is None  # no value at all: one NULL
+    with pytest.raises(ValueError, match="same queue"):
+        NewJobs.of([*jobs, NewJob(ULID(), "ping", "other", 1, "{}")])
