@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Literal, TypeVar
 
 from ulid import ULID
 
@@ -58,7 +58,7 @@ class NewJobs:
     def __post_init__(self) -> None:
         # A short column would be padded with NULLs by unnest(): refuse it here instead.
         n = len(self.ids)
-        columns: tuple[Sequence[Any] | None, ...] = (
+        for column in (
             self.kinds,
             self.priorities,
             self.payloads,
@@ -68,9 +68,9 @@ class NewJobs:
             self.backoff_base_s,
             self.backoff_cap_s,
             self.dedup_keys,
-        )
-        if any(c is not None and len(c) != n for c in columns):
-            raise ValueError(f"NewJobs: every column must hold {n} values, one per job")
+        ):
+            if column is not None and len(column) != n:
+                raise ValueError(f"NewJobs: every column must hold {n} values, one per job")
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -78,6 +78,21 @@ class NewJobs:
     @classmethod
     def of(cls, jobs: Sequence[NewJob]) -> NewJobs:
         """The batch of `jobs`, which must all belong to one named queue."""
+        if len(jobs) == 1:  # a single enqueue, the most frequent: no column scans
+            j = jobs[0]
+            return cls(
+                queue=j.queue,
+                ids=[j.id],
+                kinds=[j.kind],
+                priorities=[j.priority],
+                payloads=[j.payload],
+                run_at=None if j.run_at is None else [j.run_at],
+                delay_s=None if j.delay_s is None else [j.delay_s],
+                lease_s=None if j.lease_s is None else [j.lease_s],
+                backoff_base_s=None if j.backoff_base_s is None else [j.backoff_base_s],
+                backoff_cap_s=None if j.backoff_cap_s is None else [j.backoff_cap_s],
+                dedup_keys=None if j.dedup_key is None else [j.dedup_key],
+            )
         queue = jobs[0].queue if jobs else ""
         if any(j.queue != queue for j in jobs):
             raise ValueError("NewJobs: every job of a batch must belong to the same queue")

@@ -35,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 _KINDS: dict[type[Any], str] = {}
 """Validated KIND per task class (validation is per class, not per job)."""
-_PLAIN: dict[type[Any], bool] = {}
+_NO_POLICY: dict[type[Any], bool] = {}
 """Per task class: True when it overrides none of the enqueue-time policy hooks, so the
 bulk path can skip calling them per job."""
 _HOOKS = ("priority", "lease", "backoff", "dedup_key")
@@ -46,10 +46,10 @@ def _kind(task_type: type[Any]) -> str:
     return _KINDS.get(task_type) or _KINDS.setdefault(task_type, kind_of(task_type))
 
 
-def _plain(task_type: type[Any]) -> bool:
-    found = _PLAIN.get(task_type)
+def _no_policy(task_type: type[Any]) -> bool:
+    found = _NO_POLICY.get(task_type)
     if found is None:
-        found = _PLAIN[task_type] = all(
+        found = _NO_POLICY[task_type] = all(
             getattr(task_type, hook, None) is getattr(Task, hook) for hook in _HOOKS
         )
     return found
@@ -233,7 +233,7 @@ class Queue:
         store = self._store_for(conn, autocommit)
         tasks = list(tasks)
         ids = new_ids(len(tasks))
-        if all(_plain(type(t)) for t in tasks):
+        if all(_no_policy(type(t)) for t in tasks):
             # The common case, without a record per job: no hooks to call, no dedup keys.
             tier = int(Priority(priority)) if priority is not None else _NORMAL
             kinds = [_kind(type(t)) for t in tasks]
