@@ -146,8 +146,8 @@ class PostgresStore:
         """The caller's connection this store is bound to (`using`), if any."""
         self._run: Runner = conn if conn is not None else Pooled(self._pool_or_raise, self._q)
         self._closed = False
-        # One connection of its own pool kept for single-row enqueues while no other
-        # enqueue is using it: a pool acquire/release costs about a tenth of an enqueue.
+        # One connection of its own pool kept for enqueues (`insert`) while no other enqueue
+        # is using it: a pool acquire/release costs about a tenth of a single enqueue.
         # Contended calls take the pool as usual; a pool of fewer than three connections
         # keeps none (the worker's loops would starve).
         self._held: asyncpg.pool.PoolConnectionProxy[Any] | None = None
@@ -387,7 +387,7 @@ class PostgresStore:
 
     @property
     def _holds_connection(self) -> bool:
-        """Whether single enqueues may keep a connection of the pool (see `__init__`)."""
+        """Whether enqueues may keep a connection of the pool (see `__init__`)."""
         return self._owns_pool and self.pool_max_size >= 3
 
     def _insert_values(self, jobs: NewJobs) -> dict[str, Any]:
