@@ -106,9 +106,9 @@ class CallersConnection(OnConnection):
     def _check(self) -> None:
         if not self.autocommit and not self.conn.is_in_transaction():
             raise ValueError(
-                "the connection is not in a transaction, so the job would be committed at "
-                "once, whatever the caller does next: open one first (`async with "
-                "conn.transaction():`), or pass autocommit=True if that is what is meant"
+                "the connection is not in a transaction, so what venturi writes (the job) "
+                "would be committed at once, whatever the caller does next: open one first "
+                "(`async with conn.transaction():`), or pass autocommit=True if that is meant"
             )
 
     async def fetch(self, stmt: Statement, /, **values: Any) -> list[asyncpg.Record]:
