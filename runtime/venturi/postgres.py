@@ -404,6 +404,7 @@ class PostgresStore:
             "backoff_cap_s": _column(jobs.backoff_cap_s),
             "dedup_keys": _column(jobs.dedup_keys),
             "channel": self.channel,
+            "wake_kinds": list(set(jobs.kinds)),
         }
 
     @_schema_required
