@@ -352,11 +352,12 @@ class PostgresStore:
 
     async def insert(self, jobs: NewJobs) -> None:
         """Insert a batch of jobs of one named queue in one statement (one round trip), and
-        wake listeners (at commit). Every enqueue comes here, a single one as a batch of one.
+        wake listeners (at commit). Every enqueue comes here, a single one as a batch of one
+        (which runs a statement of its own: see `job_insert_one`).
         """
         if not jobs.ids:
             return
-        stmt, values = self._q["job_insert"], self._insert_values(jobs)
+        stmt, values = self._insert_statement(jobs)
         if self._conn is not None or self._held_lock.locked() or not self._holds_connection:
             # Contended, the caller's connection, or the caller's pool (which must close even
             # if this store is not).
@@ -389,6 +390,25 @@ class PostgresStore:
     def _holds_connection(self) -> bool:
         """Whether enqueues may keep a connection of the pool (see `__init__`)."""
         return self._owns_pool and self.pool_max_size >= 3
+
+    def _insert_statement(self, jobs: NewJobs) -> tuple[sql.Statement, dict[str, Any]]:
+        """`job_insert` and its arguments, or, for a single job, `job_insert_one`."""
+        if len(jobs.ids) != 1:
+            return self._q["job_insert"], self._insert_values(jobs)
+        return self._q["job_insert_one"], {
+            "id": jobs.ids[0],
+            "kind": jobs.kinds[0],
+            "queue": jobs.queue,
+            "priority": jobs.priorities[0],
+            "run_at": _first(jobs.run_at),
+            "delay_s": _first(jobs.delay_s),
+            "payload": jobs.payloads[0],
+            "lease_s": _first(jobs.lease_s),
+            "backoff_base_s": _first(jobs.backoff_base_s),
+            "backoff_cap_s": _first(jobs.backoff_cap_s),
+            "dedup_key": _first(jobs.dedup_keys),
+            "channel": self.channel,
+        }
 
     def _insert_values(self, jobs: NewJobs) -> dict[str, Any]:
         return {
@@ -451,7 +471,8 @@ class PostgresStore:
                         action=plan.action,
                     )
                     return ULID.from_bytes(existing.id.bytes)
-            await tx.execute(q["job_insert"], **self._insert_values(NewJobs.of([job])))
+            stmt, values = self._insert_statement(NewJobs.of([job]))
+            await tx.execute(stmt, **values)
             return job.id
 
     # -- consuming -------------------------------------------------------------------
@@ -827,6 +848,10 @@ def _column(values: Sequence[Any] | None) -> Sequence[Any] | None:
     """NULL for an all-NULL column: multi-array unnest() pads it with NULLs, and asyncpg
     skips encoding a thousand Nones (optional columns are usually unset)."""
     return None if values is None or all(v is None for v in values) else values
+
+
+def _first(column: Sequence[Any] | None) -> Any:
+    return None if column is None else column[0]
 
 
 def _dedup_lock_key(prefix: str, job: NewJob) -> int:

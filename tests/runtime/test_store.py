@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import asyncpg
 import pytest
@@ -111,3 +113,44 @@ def test_a_batch_is_one_queue_with_a_value_per_job_in_every_column() -> None:
     assert batch.run_at is None and batch.dedup_keys is None  # no value at all: one NULL
     with pytest.raises(ValueError, match="same queue"):
         NewJobs.of([*jobs, NewJob(ULID(), "ping", "other", 1, "{}")])
+
+
+async def test_a_single_job_and_a_batch_store_the_same_row(
+    store: PostgresStore, prefix: str
+) -> None:
+    """A single job has a statement of its own (`job_insert_one`): it must store exactly what
+    the batch statement stores, in every column."""
+    at = datetime.now(UTC) + timedelta(hours=1)
+    shapes: list[dict[str, Any]] = [
+        {},
+        {"run_at": at},
+        {"delay_s": 1.5},
+        {"lease_s": 60.0, "backoff_base_s": 0.5, "backoff_cap_s": 30.0, "dedup_key": "k"},
+    ]
+    pairs: list[tuple[ULID, ULID]] = []
+    for shape in shapes:
+        one, other = ULID(), ULID()
+        await store.insert(NewJobs.of([NewJob(one, "ping", "q", 2, '{"a": 1}', **shape)]))
+        batch = [
+            NewJob(other, "ping", "q", 2, '{"a": 1}', **shape),
+            NewJob(ULID(), "pad", "q", 1, "{}"),  # two jobs: the batch statement
+        ]
+        await store.insert(NewJobs.of(batch))
+        pairs.append((one, other))
+    rows = {
+        ULID.from_bytes(r["id"].bytes): dict(r)
+        for r in await store._pool.fetch(f"SELECT * FROM {prefix}_jobs WHERE kind = 'ping'")
+    }
+
+    def stored(job_id: ULID, shape: dict[str, Any]) -> dict[str, Any]:
+        row = rows[job_id]
+        created = row.pop("created_at")
+        if "run_at" not in shape:  # due at (or after) its own statement's now()
+            row["run_at"] -= created
+        del row["id"]
+        return row
+
+    for shape, (one, other) in zip(shapes, pairs, strict=True):
+        assert stored(one, shape) == stored(other, shape), shape
+    assert rows[pairs[2][0]]["run_at"] == timedelta(seconds=1.5)  # not truncated to 1 s
+    assert rows[pairs[3][0]]["dedup_key"] == "k" and rows[pairs[3][0]]["lease_s"] == 60.0
