@@ -1,4 +1,4 @@
-"""The batch statements (and the insert) keep their shape under a cached generic plan.
+"""The batch statements (and the inserts) keep their shape under a cached generic plan.
 
 PostgreSQL switches a prepared statement to a generic plan after five runs. A generic plan
 guesses that `unnest($1)` yields 10 rows, and statistics taken while the queue was idle say
@@ -57,7 +57,7 @@ async def test_batch_statements_stay_linear_under_generic_plans(pg_dsn: str, pre
         assert len(claimed) == JOBS
         plans.clear()
 
-        # The one insert statement, as a batch and as a single enqueue.
+        # The insert statements: a batch (job_insert) and a single enqueue (job_insert_one).
         await Queue(store).enqueue_many(Ping(i) for i in range(JOBS))
         await Queue(store).enqueue(Ping(0))
 
