@@ -146,8 +146,8 @@ class PostgresStore:
         """The caller's connection this store is bound to (`using`), if any."""
         self._run: Runner = conn if conn is not None else Pooled(self._pool_or_raise, self._q)
         self._closed = False
-        # One connection of its own pool kept for enqueues (`insert`) while no other enqueue
-        # is using it: a pool acquire/release costs about a tenth of a single enqueue.
+        # One connection of its own pool kept for single enqueues while no other enqueue is
+        # using it: a pool acquire/release costs about a tenth of an enqueue.
         # Contended calls take the pool as usual; a pool of fewer than three connections
         # keeps none (the worker's loops would starve).
         self._held: asyncpg.pool.PoolConnectionProxy[Any] | None = None
@@ -358,9 +358,14 @@ class PostgresStore:
         if not jobs.ids:
             return
         stmt, values = self._insert_statement(jobs)
-        if self._conn is not None or self._held_lock.locked() or not self._holds_connection:
-            # Contended, the caller's connection, or the caller's pool (which must close even
-            # if this store is not).
+        if (
+            len(jobs.ids) != 1
+            or self._conn is not None
+            or self._held_lock.locked()
+            or not self._holds_connection
+        ):
+            # A batch, contended, the caller's connection, or the caller's pool (which must
+            # close even if this store is not).
             try:
                 await self._run.execute(stmt, **values)
             except asyncpg.UndefinedTableError as exc:
@@ -388,7 +393,7 @@ class PostgresStore:
 
     @property
     def _holds_connection(self) -> bool:
-        """Whether enqueues may keep a connection of the pool (see `__init__`)."""
+        """Whether single enqueues may keep a connection of the pool (see `__init__`)."""
         return self._owns_pool and self.pool_max_size >= 3
 
     def _insert_statement(self, jobs: NewJobs) -> tuple[sql.Statement, dict[str, Any]]:
