@@ -1,0 +1,119 @@
+"""The policies besides KEDA: venturi's operator, driven as its reconcile loop drives it, and a
+static fleet.
+
+``VenturiOperator`` runs the operator's own code on simulated inputs: the JobQueue spec goes
+through ``spec.parse_spec``, the stats (a real ``venturi.Stats``) through ``spec.pool_loads``,
+and each tick calls ``policy.decide`` with the history the previous tick returned, exactly as
+``reconcile.Reconciler._scale_pool`` does. The loop around it is the daemon's in
+``handlers.jobqueue``: a tick when the JobQueue appears, then one ``interval`` after each tick
+ends, or at once when a NOTIFY for a pool at zero sets the wake event
+(``Reconciler.pools_at_zero_for``, from the replicas the last tick decided).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from bench.autoscale.model import Cluster
+from venturi import Stats
+from venturi_operator import policy
+from venturi_operator.spec import parse_spec, pool_loads
+
+#: The kind every simulated job has.
+KIND = "work"
+#: Seconds from a NOTIFY being sent to the operator's daemon waking.
+NOTIFY_LATENCY_S = 0.01
+#: Seconds a tick takes from reading the stats to the scale patch (API round trips).
+TICK_LATENCY_S = 0.05
+
+
+def example_spec(concurrency: int = 8, max_replicas: int = 100) -> dict[str, Any]:
+    """The JobQueue a user writes (examples/jobqueue.yaml), for this worker and KEDA's bounds."""
+    return {
+        "database": {"secretName": "venturi-db"},
+        "interval": 15,
+        "pools": [
+            {
+                "deployment": "worker",
+                "minReplicas": 0,
+                "maxReplicas": max_replicas,
+                "targetPerReplica": concurrency,
+                "maxOldestPendingAge": 60,
+                "cooldownSeconds": 300,
+            }
+        ],
+    }
+
+
+def cluster_stats(cluster: Cluster) -> Stats:
+    """What ``Queue.stats()`` would return for the simulated queue now."""
+    pending = len(cluster.pending)
+    claimed = cluster.claimed
+    age = cluster.oldest_pending_age()
+    return Stats(
+        pending_by_kind={KIND: pending} if pending else {},
+        claimed_by_kind={KIND: claimed} if claimed else {},
+        oldest_pending_age_by_kind={KIND: age} if age is not None else {},
+    )
+
+
+class VenturiOperator:
+    """venturi's operator on one JobQueue with one pool."""
+
+    name = "venturi"
+
+    def __init__(self, spec: Mapping[str, Any] | None = None) -> None:
+        self.spec = parse_spec(spec if spec is not None else example_spec())
+        self.pool = self.spec.pools[0]
+        self.history = policy.History()
+        #: ``_Memory.replicas``: what the last tick decided (None before the first tick).
+        self.decided: int | None = None
+        #: (time, replicas before, decision) of every tick.
+        self.decisions: list[tuple[float, int, policy.Decision]] = []
+        self._generation = 0
+        self._woken = False
+
+    def start(self, cluster: Cluster) -> None:
+        self._schedule(cluster, cluster.now)
+
+    def on_notify(self, cluster: Cluster) -> None:
+        # handlers.on_job: a job for a pool at zero must not wait the interval.
+        if self.decided == 0 and not self._woken:
+            self._woken = True
+            self._schedule(cluster, cluster.now + NOTIFY_LATENCY_S)
+
+    def _schedule(self, cluster: Cluster, when: float) -> None:
+        self._generation += 1
+        generation = self._generation
+        cluster.at(when, lambda: self._tick(cluster, generation))
+
+    def _tick(self, cluster: Cluster, generation: int) -> None:
+        if generation != self._generation:
+            return  # a wake-up replaced this wait
+        self._woken = False
+        now = cluster.now
+        load = pool_loads(self.spec, cluster_stats(cluster))[self.pool.deployment]
+        current = cluster.spec_replicas
+        decision = policy.decide(load, self.pool, self.history, now, current=current)
+        self.decisions.append((now, current, decision))
+        if decision.replicas != current:
+            replicas = decision.replicas
+            cluster.at(now + TICK_LATENCY_S, lambda: cluster.scale(replicas, by="venturi"))
+        self.history = decision.history
+        self.decided = decision.replicas
+        self._schedule(cluster, now + TICK_LATENCY_S + self.spec.interval)
+
+
+class Static:
+    """A fixed fleet, ready from the start: the reference for cost and wait."""
+
+    def __init__(self, replicas: int) -> None:
+        self.replicas = replicas
+        self.name = f"static ({replicas})"
+
+    def start(self, cluster: Cluster) -> None:
+        pass
+
+    def on_notify(self, cluster: Cluster) -> None:
+        pass
