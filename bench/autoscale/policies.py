@@ -1,13 +1,16 @@
 """The policies besides KEDA: venturi's operator, driven as its reconcile loop drives it, and a
 static fleet.
 
-``VenturiOperator`` runs the operator's own code on simulated inputs: the JobQueue spec goes
-through ``spec.parse_spec``, the stats (a real ``venturi.Stats``) through ``spec.pool_loads``,
-and each tick calls ``policy.decide`` with the history the previous tick returned, exactly as
-``reconcile.Reconciler._scale_pool`` does. The loop around it is the daemon's in
-``handlers.jobqueue``: a tick when the JobQueue appears, then one ``interval`` after each tick
-ends, or at once when a NOTIFY for a pool at zero sets the wake event
-(``Reconciler.pools_at_zero_for``, from the replicas the last tick decided).
+``VenturiOperator`` runs the operator's own code on simulated inputs, in the order
+``reconcile.Reconciler._scale_pool`` uses it: the JobQueue spec goes through
+``spec.parse_spec``, the stats (a real ``venturi.Stats``) through ``spec.pool_loads``; each
+tick calls ``policy.decide`` with the Deployment's replicas and ready replicas and the history
+the previous tick returned; when that decides a scale-in, the pods' claims
+(``Queue.claimed_by_pod()``) become deletion costs (``scalein``), the busy pods are counted and
+``decide`` runs again with them, and the costs are patched before the scale. The loop around it
+is the daemon's in ``handlers.jobqueue``: a tick when the JobQueue appears, then one
+``interval`` after each tick ends, or earlier when a NOTIFY wakes it (``cadence.wakes``, from
+the replicas the last tick decided and when it ran).
 """
 
 from __future__ import annotations
@@ -17,7 +20,7 @@ from typing import Any
 
 from bench.autoscale.model import Cluster
 from venturi import Stats
-from venturi_operator import policy
+from venturi_operator import cadence, policy, scalein
 from venturi_operator.spec import parse_spec, pool_loads
 
 #: The kind every simulated job has.
@@ -51,10 +54,12 @@ def cluster_stats(cluster: Cluster) -> Stats:
     pending = len(cluster.pending)
     claimed = cluster.claimed
     age = cluster.oldest_pending_age()
+    done = cluster.completed_total
     return Stats(
         pending_by_kind={KIND: pending} if pending else {},
         claimed_by_kind={KIND: claimed} if claimed else {},
         oldest_pending_age_by_kind={KIND: age} if age is not None else {},
+        completed_by_kind={KIND: done} if done else {},
     )
 
 
@@ -71,19 +76,27 @@ class VenturiOperator:
         self.decided: int | None = None
         #: (time, replicas before, decision) of every tick.
         self.decisions: list[tuple[float, int, policy.Decision]] = []
+        #: When the last tick started (``_Memory.ticked_at``).
+        self.last_tick: float | None = None
         self._generation = 0
+        self._next_tick = 0.0
         self._woken = False
 
     def start(self, cluster: Cluster) -> None:
         self._schedule(cluster, cluster.now)
 
     def on_notify(self, cluster: Cluster) -> None:
-        # handlers.on_job: a job for a pool at zero must not wait the interval.
-        if self.decided == 0 and not self._woken:
-            self._woken = True
-            self._schedule(cluster, cluster.now + NOTIFY_LATENCY_S)
+        # handlers.on_job -> Reconciler.wakes_for.
+        if self._woken:
+            return
+        when = cadence.wake_at(decided=self.decided, last_tick=self.last_tick, now=cluster.now)
+        if when is None or when >= self._next_tick:
+            return
+        self._woken = True
+        self._schedule(cluster, when + NOTIFY_LATENCY_S)
 
     def _schedule(self, cluster: Cluster, when: float) -> None:
+        self._next_tick = when
         self._generation += 1
         generation = self._generation
         cluster.at(when, lambda: self._tick(cluster, generation))
@@ -93,13 +106,32 @@ class VenturiOperator:
             return  # a wake-up replaced this wait
         self._woken = False
         now = cluster.now
+        self.last_tick = now
         load = pool_loads(self.spec, cluster_stats(cluster))[self.pool.deployment]
         current = cluster.spec_replicas
-        decision = policy.decide(load, self.pool, self.history, now, current=current)
+        ready = cluster.ready_pods()
+
+        def decide(busy: int | None) -> policy.Decision:
+            return policy.decide(
+                load, self.pool, self.history, now, current=current, ready=ready, busy=busy
+            )
+
+        decision = decide(None)
+        costs: dict[str, int] = {}
+        if decision.replicas < current:
+            pods = [p.name for p in cluster.live_pods()]
+            costs = scalein.deletion_costs(pods, cluster.claimed_by_pod())
+            decision = decide(scalein.busy_pods(costs))
         self.decisions.append((now, current, decision))
         if decision.replicas != current:
             replicas = decision.replicas
-            cluster.at(now + TICK_LATENCY_S, lambda: cluster.scale(replicas, by="venturi"))
+
+            def apply() -> None:
+                for pod in cluster.live_pods():
+                    pod.cost = costs.get(pod.name, pod.cost)
+                cluster.scale(replicas, by="venturi")
+
+            cluster.at(now + TICK_LATENCY_S, apply)
         self.history = decision.history
         self.decided = decision.replicas
         self._schedule(cluster, now + TICK_LATENCY_S + self.spec.interval)

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from kube_harness import DEPLOYMENTS, JOBQUEUES, KubeHarness, kube_fixture, run_operator
+from kube_harness import DEPLOYMENTS, JOBQUEUES, PODS, KubeHarness, kube_fixture, run_operator
 
 from venturi import PostgresStore, Queue, Task
 from venturi_operator.config import OperatorConfig
@@ -261,3 +261,54 @@ async def test_many_jobqueues_share_one_database_connection_budget(
         await Queue(store.with_prefix(prefixes[7])).enqueue(Mail())
         await replicas_become(kube, "d7", 1)  # woken through the shared LISTEN connection
         assert kube.get(DEPLOYMENTS, NS, "d3")["spec"]["replicas"] == 0
+
+
+COST = "controller.kubernetes.io/pod-deletion-cost"
+
+
+async def claim_for(store: PostgresStore, pod: str, n: int) -> None:
+    """Mark `n` pending mail jobs claimed by `pod`, as a worker there would."""
+    await store._pool.execute(
+        f"UPDATE {store.prefix}_jobs SET status = 'claimed', claimed_pod = $1, "
+        "lease_until = now() + interval '1h' WHERE id IN (SELECT id FROM "
+        f"{store.prefix}_jobs WHERE status = 'pending' AND kind = 'mail' LIMIT $2)",
+        pod,
+        n,
+    )
+
+
+async def test_a_scale_in_marks_idle_pods_and_spares_busy_ones(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    """Three pods; two hold jobs. The load wants one replica: the operator sets the pods'
+    deletion costs to the jobs each holds and scales in by the one idle pod only."""
+    await Queue(store).enqueue_many(Mail() for _ in range(3))
+    await claim_for(store, "mailer-a", 2)
+    await claim_for(store, "mailer-b", 1)
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    kube.deployment(NS, "mailer", replicas=3)
+    for pod in ("mailer-a", "mailer-b", "mailer-c"):
+        kube.pod(NS, pod, labels={"app": "mailer"}, annotations={COST: "7"})
+    kube.pod(NS, "other", labels={"app": "other"})
+    kube.jobqueue(NS, "mail", spec(store.prefix))
+
+    async with operator(kube):
+        await replicas_become(kube, "mailer", 2)
+        costs = {
+            p: kube.get(PODS, NS, p)["metadata"]["annotations"].get(COST)
+            for p in ("mailer-a", "mailer-b", "mailer-c")
+        }
+        assert costs == {"mailer-a": "2", "mailer-b": "1", "mailer-c": "0"}
+        assert COST not in kube.get(PODS, NS, "other")["metadata"].get("annotations", {})
+        jq = await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            "mail",
+            lambda o: (
+                (o.get("status", {}).get("pools") or [{}])[0].get("currentReplicas") == 2
+                and o["status"]["pools"][0].get("reason") == "BusyPodsSpared"
+            ),
+            timeout=TIMEOUT,
+        )
+        assert "2 pods hold jobs" in jq["status"]["pools"][0]["message"]
+        assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 2
