@@ -67,14 +67,16 @@ def simulate(
 def _flap_notes(
     scaler: Autoscaler, flap_times: Sequence[float]
 ) -> tuple[tuple[float, str, str], ...]:
+    """For venturi: the two decisions of each flap (the scale, and the one that reversed it)."""
     if not isinstance(scaler, VenturiOperator):
         return ()
+    changes = [(t, d) for t, current, d in scaler.decisions if d.replicas != current]
     notes = []
     for at in flap_times:
-        # The decisions that made the two scales of the flap (the patch lands a tick-latency later).
-        for t, current, decision in scaler.decisions:
-            if at - FLAP_WINDOW_S <= t <= at and decision.replicas != current:
-                notes.append((t, str(decision.reason), decision.message))
+        # The patch lands a tick-latency after the decision.
+        before = [(t, d) for t, d in changes if at - FLAP_WINDOW_S <= t <= at]
+        for t, decision in before[-2:]:
+            notes.append((t, str(decision.reason), decision.message))
     return tuple(notes)
 
 

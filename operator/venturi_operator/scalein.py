@@ -29,6 +29,6 @@ def busy_pods(costs: Mapping[str, int]) -> int:
 
 
 def stale_costs(annotated: Mapping[str, str | None], costs: Mapping[str, int]) -> dict[str, int]:
-    """The costs to patch: the pods whose annotation is not their cost already (an unset one
-    counts as 0, as it does for the ReplicaSet)."""
-    return {pod: cost for pod, cost in costs.items() if (annotated.get(pod) or "0") != str(cost)}
+    """The costs to patch: the pods whose annotation is not their cost already. An unset one is
+    set too (the ReplicaSet reads it as 0), so every pod shows what the operator last saw."""
+    return {pod: cost for pod, cost in costs.items() if annotated.get(pod) != str(cost)}

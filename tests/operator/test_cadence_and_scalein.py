@@ -27,6 +27,6 @@ def test_costs_are_the_jobs_each_pod_holds_and_idle_pods_cost_nothing() -> None:
 
 
 def test_only_costs_that_changed_are_patched() -> None:
-    costs = {"a": 0, "b": 3, "c": 0, "d": 1}
-    annotated = {"a": None, "b": "3", "c": "5", "d": None}
-    assert stale_costs(annotated, costs) == {"c": 0, "d": 1}
+    costs = {"a": 0, "b": 3, "c": 0, "d": 1, "e": 0}
+    annotated = {"a": None, "b": "3", "c": "5", "d": None, "e": "0"}
+    assert stale_costs(annotated, costs) == {"a": 0, "c": 0, "d": 1}
