@@ -66,9 +66,19 @@ def cluster_stats(cluster: Cluster) -> Stats:
 class VenturiOperator:
     """venturi's operator on one JobQueue with one pool."""
 
-    name = "venturi"
-
-    def __init__(self, spec: Mapping[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        spec: Mapping[str, Any] | None = None,
+        *,
+        name: str = "venturi",
+        spare_busy_pods: bool = True,
+        overrides: Mapping[str, float] | None = None,
+    ) -> None:
+        self.name = name
+        #: Ablations only (the report's "what each rule costs"): pods' claims ignored, or
+        #: policy constants replaced while ``decide`` runs.
+        self.spare_busy_pods = spare_busy_pods
+        self.overrides = dict(overrides or {})
         self.spec = parse_spec(spec if spec is not None else example_spec())
         self.pool = self.spec.pools[0]
         self.history = policy.History()
@@ -112,13 +122,20 @@ class VenturiOperator:
         ready = cluster.ready_pods()
 
         def decide(busy: int | None) -> policy.Decision:
-            return policy.decide(
-                load, self.pool, self.history, now, current=current, ready=ready, busy=busy
-            )
+            saved = {k: getattr(policy, k) for k in self.overrides}
+            try:
+                for k, v in self.overrides.items():
+                    setattr(policy, k, v)
+                return policy.decide(
+                    load, self.pool, self.history, now, current=current, ready=ready, busy=busy
+                )
+            finally:
+                for k, v in saved.items():
+                    setattr(policy, k, v)
 
         decision = decide(None)
         costs: dict[str, int] = {}
-        if decision.replicas < current:
+        if decision.replicas < current and self.spare_busy_pods:
             pods = [p.name for p in cluster.live_pods()]
             costs = scalein.deletion_costs(pods, cluster.claimed_by_pod())
             decision = decide(scalein.busy_pods(costs))

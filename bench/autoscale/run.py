@@ -30,6 +30,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 SEEDS = (1, 2, 3, 4, 5)
 POLICIES = ("venturi", "keda (pending)", "keda (pending+running)", "static")
+#: venturi with one rule changed, to show what that rule costs and buys (the full run only).
+ABLATIONS = ("venturi, busy pods not spared", "venturi, 120 s hold after a scale-up")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -46,6 +48,10 @@ def autoscaler(policy: str, trace: Trace, seed: int) -> tuple[Autoscaler, int]:
     """The autoscaler and the Deployment's replicas at the start."""
     if policy == "venturi":
         return VenturiOperator(), 0
+    if policy == ABLATIONS[0]:
+        return VenturiOperator(name=policy, spare_busy_pods=False), 0
+    if policy == ABLATIONS[1]:
+        return VenturiOperator(name=policy, overrides={"HOLD_SECONDS": 120.0}), 0
     if policy == "keda (pending)":
         return Keda(query="pending", seed=seed), 0
     if policy == "keda (pending+running)":
@@ -100,8 +106,10 @@ def run_all(
     duration: float,
     jobs: int,
     progress: Callable[[str], None] = lambda _m: None,
+    ablations: bool = False,
 ) -> list[Run]:
-    work = [(t, s, p, duration) for t in traces for s in seeds for p in POLICIES]
+    policies = (*POLICIES, *ABLATIONS) if ablations else POLICIES
+    work = [(t, s, p, duration) for t in traces for s in seeds for p in policies]
     if jobs <= 1:
         out = []
         for item in work:
@@ -181,7 +189,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         out = Path(tempfile.mkdtemp(prefix="venturi-autoscale-"))
     started = time.perf_counter()
     runs = run_all(
-        traces, seeds, duration, args.jobs, lambda m: print(f"autoscale: {m}", file=sys.stderr)
+        traces,
+        seeds,
+        duration,
+        args.jobs,
+        lambda m: print(f"autoscale: {m}", file=sys.stderr),
+        ablations=not args.quick,
     )
     elapsed = time.perf_counter() - started
     summary = medians(runs)
