@@ -193,7 +193,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seeds,
         duration,
         args.jobs,
-        lambda m: print(f"autoscale: {m}", file=sys.stderr),
+        (lambda _m: None) if args.quick else (lambda m: print(f"autoscale: {m}", file=sys.stderr)),
         ablations=not args.quick,
     )
     elapsed = time.perf_counter() - started

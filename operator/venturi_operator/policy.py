@@ -3,7 +3,7 @@
 The operator's reconcile tick calls :func:`decide` once per pool with the pool's load (built by
 :func:`venturi_operator.spec.pool_loads` from the runtime's stats), the pool's spec, the
 :class:`History` it kept from the previous tick, the time, the Deployment's ``spec.replicas``
-and, when known, its ready replicas and how many of its pods hold no job. It gets back a
+and, when known, its ready replicas and how many of its pods hold a job. It gets back a
 :class:`Decision`: the replicas to set, a machine-friendly reason plus a human message (for
 status conditions and Events), and the updated history to keep for the next tick. There is no
 I/O, clock, logging or kopf here, so every rule below is tested as a plain function
@@ -21,7 +21,7 @@ peak). The HPA-compatible ``behavior`` stays, as the user's explicit limits. In 
 2. **What the pool does.** Each tick differences the stats' finished totals (``completed`` +
    ``dead``) and outstanding count against the previous tick's: jobs finished, jobs arrived
    (``outstanding`` now - before + finished). Time-weighted averages over about a minute give
-   the arrival rate ``lambda``; over about five minutes the busy slots and the completion rate
+   the arrival rate ``lambda``; over about ten minutes the busy slots and the completion rate
    give the service time ``S = busy / completions`` (Little's law, exact for any job-length
    distribution). A rise in arrivals well beyond Poisson noise (three standard deviations) in
    two ticks running is taken at once (a sustained rise), one such tick alone is not (a batch is
@@ -29,21 +29,26 @@ peak). The HPA-compatible ``behavior`` stays, as the user's explicit limits. In 
    from a scale-up to its pods being ready is observed too (``startup``, 30 s until seen).
 
 3. **Recommendation from capacity.** With ``k = targetPerReplica`` slots per replica, the work
-   in flight ``max(claimed, lambda * S)`` plus the backlog to clear,
+   is ``slots = lambda * S`` (the flow) plus the backlog to clear,
    ``pending * min(1, S / (horizon - startup))``, where the horizon is ``maxOldestPendingAge``
-   (60 s unset), the pool needs::
+   (60 s unset): what new pods must absorb once they are up. The pool then needs, with ``s``
+   spare standard deviations of that work's Poisson noise (square-root staffing)::
 
-       up   = ceil(slots / (k * 0.9))    # scale up when current < up
-       down = ceil(slots / (k * 0.75))   # scale down, to down, when current > down
+       need(s) = ceil((slots + s * sqrt(slots)) / k)
+       scale up   when current < need(1),   to need(1.5)
+       scale down when current > need(3),   to need(1.5), never below ceil(claimed / k)
 
-   Between the two the count holds: that band is the hysteresis, and at small counts it is
-   whole replicas wide, so noise does not flap. Ready and starting replicas both count: a pod
-   asked for is capacity once it starts, and the backlog it will find is cleared within the
-   horizon that is left after its start-up. Until a service time has been seen (a new pool)
-   the recommendation is the HPA's count, ``ceil((pending + claimed) / k)`` -- every job a slot
-   at once, the most that can help without knowing how long jobs run. ``behavior.*.tolerance``
-   set by the user widens the band as the HPA's tolerance does (``1 - scaleDown.tolerance <=
-   recommendation / current <= 1 + scaleUp.tolerance`` holds).
+   Between the two the count holds: that band is the hysteresis, whole replicas wide at small
+   counts, so noise does not flap; at large counts the spare is a small share, so a big pool
+   runs its slots close to full. Ready and starting replicas both count: a pod asked for is
+   capacity once it starts, and the backlog it will find is cleared within the horizon that is
+   left after its start-up; claimed jobs above the flow are backlog being worked off, not
+   demand. Until enough jobs have been seen finish (a new pool; more than twice the claimed
+   jobs, or 50) the recommendation is the HPA's count, ``ceil((pending + claimed) / k)`` --
+   every job a slot at once, the most that can help without knowing how long jobs run.
+   ``behavior.*.tolerance`` set by the user applies as the HPA's tolerance does, on the work
+   per slot: no change while ``1 - scaleDown.tolerance <= slots / (k * current) <= 1 +
+   scaleUp.tolerance``.
 
 4. **Latency term.** When the oldest pending job has waited longer than
    ``maxOldestPendingAge``, the pool never scales down, and gets one more replica per tick --
@@ -61,7 +66,9 @@ peak). The HPA-compatible ``behavior`` stays, as the user's explicit limits. In 
    count clamped between the lowest recommendation of the scale-up window and the highest of
    the scale-down window (each includes this tick's recommendation). Windows the user does not
    set: no scale-up window, and a 120 s scale-down window (the HPA's 300 s exists because a
-   CPU ratio is noisy; the band of step 3 already absorbs noise).
+   CPU ratio is noisy; the band of step 3 already absorbs noise). Without
+   ``behavior.scaleDown``, no scale-down either within 300 s of a scale-up: a scale in the
+   opposite direction that soon undoes it (a flap).
 
 7. **Rate policies and bounds**, exactly as the HPA's ``convertDesiredReplicasWithBehaviorRate``
    for each direction whose ``behavior`` the user set (``Pods``/``Percent`` policies over
@@ -412,8 +419,8 @@ class Sample:
     finished: int
     outstanding: int
     claimed: int
-    #: Whether this tick's arrivals were a significant rise over the rate (a rise two ticks
-    #: running is taken at once); the rate it saw, if so.
+    #: The arrival rate this tick saw when it was a significant rise over the average (a rise
+    #: two ticks running is taken at once), else None.
     rise: float | None = None
 
 

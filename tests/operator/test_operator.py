@@ -13,6 +13,7 @@ import pytest
 from kube_harness import DEPLOYMENTS, JOBQUEUES, PODS, KubeHarness, kube_fixture, run_operator
 
 from venturi import PostgresStore, Queue, Task
+from venturi_operator.cadence import BURST_WAKE_SECONDS
 from venturi_operator.config import OperatorConfig
 from venturi_operator.databases import Databases
 from venturi_operator.handlers import build_registry
@@ -236,6 +237,30 @@ async def test_a_job_wakes_a_pool_at_zero_without_waiting_for_the_interval(
         await Queue(store).enqueue(Mail())
         await replicas_become(kube, "mailer", 1)  # the interval is an hour: only NOTIFY did it
         assert loop.time() - began < TIMEOUT
+
+
+async def test_a_burst_wakes_a_running_pool_without_waiting_for_the_interval(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    queue = Queue(store)
+    await queue.enqueue_many(Mail() for _ in range(5))
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    kube.deployment(NS, "mailer", replicas=1)
+    kube.jobqueue(NS, "mail", {**spec(store.prefix), "interval": 3600})
+    async with operator(kube) as reconciler:
+        await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            "mail",
+            lambda o: (o.get("status", {}).get("pools") or [{}])[0].get("currentReplicas") == 1,
+            timeout=TIMEOUT,
+        )
+        delay = reconciler.wake_delay(NS, "mail", "mail")
+        assert delay is not None and 0 <= delay <= BURST_WAKE_SECONDS
+        assert reconciler.wake_delay(NS, "mail", "report") is None  # no pool serves it
+        await queue.enqueue_many(Mail() for _ in range(100))
+        # The interval is an hour: only the NOTIFY (deferred to the burst gap) can do this.
+        await replicas_become(kube, "mailer", 5)
 
 
 async def test_many_jobqueues_share_one_database_connection_budget(
