@@ -782,6 +782,7 @@ class PostgresStore:
         scheduled: dict[str, int] = {}
         claimed: dict[str, int] = {}
         dead: dict[str, int] = {}
+        completed: dict[str, int] = {}
         oldest: dict[str, float] = {}
         for status, kind, total, n_scheduled, oldest_s in rows:
             if status == "pending":
@@ -794,6 +795,8 @@ class PostgresStore:
                     oldest[kind] = max(0.0, oldest_s)
             elif status == "claimed":
                 claimed[kind] = total
+            elif status == "completed":
+                completed[kind] = total
             else:
                 dead[kind] = total
         return Stats(
@@ -802,7 +805,12 @@ class PostgresStore:
             claimed_by_kind=claimed,
             dead_by_kind=dead,
             oldest_pending_age_by_kind=oldest,
+            completed_by_kind=completed,
         )
+
+    async def claimed_by_pod(self) -> dict[str, int]:
+        rows = await self._pool_or_raise().fetch(self._q["claimed_by_pod"])
+        return {pod: n for pod, n in rows}
 
 
 def _job(row: asyncpg.Record) -> Job:

@@ -237,8 +237,14 @@ class Queue:
         return await self.store.journal(job_id)
 
     async def stats(self) -> Stats:
-        """Live counts by kind: pending (eligible), scheduled, claimed, dead, oldest age."""
+        """Live counts by kind: pending (eligible), scheduled, claimed, dead, completed, oldest
+        age."""
         return await self.store.stats()
+
+    async def claimed_by_pod(self) -> dict[str, int]:
+        """Claimed jobs per pod name (the worker's `WorkerIdentity.pod`), busy pods only; jobs
+        claimed outside Kubernetes are not counted. The operator spares busy pods with it."""
+        return await self.store.claimed_by_pod()
 
     def _new_job(
         self,

@@ -40,6 +40,7 @@ EXPECTED_RULES = sorted(
         ("venturi.dev", "jobqueues/status", ("get", "patch")),
         ("apps", "deployments", ("get",)),
         ("apps", "deployments/scale", ("get", "patch")),
+        ("", "pods", ("get", "list", "patch")),
         ("autoscaling", "horizontalpodautoscalers", ("list",)),
         ("keda.sh", "scaledobjects", ("list",)),
         ("", "secrets", ("get",)),

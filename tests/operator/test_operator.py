@@ -13,9 +13,18 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from kube_harness import DEPLOYMENTS, JOBQUEUES, SECRETS, KubeHarness, kube_fixture, run_operator
+from kube_harness import (
+    DEPLOYMENTS,
+    JOBQUEUES,
+    PODS,
+    SECRETS,
+    KubeHarness,
+    kube_fixture,
+    run_operator,
+)
 
 from venturi import PostgresStore, Queue, Task
+from venturi_operator.cadence import BURST_WAKE_SECONDS
 from venturi_operator.config import OperatorConfig
 from venturi_operator.databases import Databases
 from venturi_operator.handlers import build_registry
@@ -248,6 +257,30 @@ async def test_a_job_wakes_a_pool_at_zero_without_waiting_for_the_interval(
         await Queue(store).enqueue(Mail())
         await replicas_become(kube, "mailer", 1)  # the interval is an hour: only NOTIFY did it
         assert loop.time() - began < TIMEOUT
+
+
+async def test_a_burst_wakes_a_running_pool_without_waiting_for_the_interval(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    queue = Queue(store)
+    await queue.enqueue_many(Mail() for _ in range(5))
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=1)
+    kube.jobqueue(NS, "mail", {**spec(store.prefix), "interval": 3600})
+    async with operator(kube) as reconciler:
+        await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            "mail",
+            lambda o: (o.get("status", {}).get("pools") or [{}])[0].get("currentReplicas") == 1,
+            timeout=TIMEOUT,
+        )
+        delay = reconciler.wake_delay(NS, "mail", "mail")
+        assert delay is not None and 0 <= delay <= BURST_WAKE_SECONDS
+        assert reconciler.wake_delay(NS, "mail", "report") is None  # no pool serves it
+        await queue.enqueue_many(Mail() for _ in range(100))
+        # The interval is an hour: only the NOTIFY (deferred to the burst gap) can do this.
+        await replicas_become(kube, "mailer", 5)
 
 
 async def test_many_jobqueues_share_one_database_connection_budget(
@@ -538,3 +571,54 @@ async def test_a_changed_dsn_or_a_deleted_jobqueue_closes_what_no_one_uses(
         kube.delete(JOBQUEUES, NS, "q2")
         await kube.wait_until(lambda: kube.find(JOBQUEUES, NS, "q2") is None, timeout=TIMEOUT)
         await eventually("every pool closed", lambda pids: not pids)
+
+
+COST = "controller.kubernetes.io/pod-deletion-cost"
+
+
+async def claim_for(store: PostgresStore, pod: str, n: int) -> None:
+    """Mark `n` pending mail jobs claimed by `pod`, as a worker there would."""
+    await store._pool.execute(
+        f"UPDATE {store.prefix}_jobs SET status = 'claimed', claimed_pod = $1, "
+        "lease_until = now() + interval '1h' WHERE id IN (SELECT id FROM "
+        f"{store.prefix}_jobs WHERE status = 'pending' AND kind = 'mail' LIMIT $2)",
+        pod,
+        n,
+    )
+
+
+async def test_a_scale_in_marks_idle_pods_and_spares_busy_ones(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    """Three pods; two hold jobs. The load wants one replica: the operator sets the pods'
+    deletion costs to the jobs each holds and scales in by the one idle pod only."""
+    await Queue(store).enqueue_many(Mail() for _ in range(3))
+    await claim_for(store, "mailer-a", 2)
+    await claim_for(store, "mailer-b", 1)
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=3)
+    for pod in ("mailer-a", "mailer-b", "mailer-c"):
+        kube.pod(NS, pod, labels={"app": "mailer"}, annotations={COST: "7"})
+    kube.pod(NS, "other", labels={"app": "other"})
+    kube.jobqueue(NS, "mail", spec(store.prefix))
+
+    async with operator(kube):
+        await replicas_become(kube, "mailer", 2)
+        costs = {
+            p: kube.get(PODS, NS, p)["metadata"]["annotations"].get(COST)
+            for p in ("mailer-a", "mailer-b", "mailer-c")
+        }
+        assert costs == {"mailer-a": "2", "mailer-b": "1", "mailer-c": "0"}
+        assert COST not in kube.get(PODS, NS, "other")["metadata"].get("annotations", {})
+        jq = await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            "mail",
+            lambda o: (
+                (o.get("status", {}).get("pools") or [{}])[0].get("currentReplicas") == 2
+                and o["status"]["pools"][0].get("reason") == "BusyPodsSpared"
+            ),
+            timeout=TIMEOUT,
+        )
+        assert "2 pods hold jobs" in jq["status"]["pools"][0]["message"]
+        assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 2

@@ -247,7 +247,7 @@ FROM {prefix}_journal WHERE job_id = $1 ORDER BY id;
 -- (jobs waiting for a future run_at, usually few).
 WITH totals AS (
     SELECT kind, status, sum(n)::bigint AS n FROM {prefix}_counts
-    WHERE status IN ('pending', 'claimed', 'dead')
+    WHERE status IN ('pending', 'claimed', 'dead', 'completed')
     GROUP BY kind, status HAVING sum(n) > 0
 )
 SELECT t.status, t.kind, t.n,
@@ -261,6 +261,13 @@ SELECT t.status, t.kind, t.n,
            ORDER BY j.run_at LIMIT 1
        ) END AS oldest_s
 FROM totals AS t;
+
+-- claimed_by_pod --
+-- Claimed jobs per pod (claimed_pod; jobs of workers outside Kubernetes have none), for the
+-- operator's pod-deletion-cost: a range over the partial lease index, one row per busy pod.
+SELECT claimed_pod, count(*)::bigint FROM {prefix}_jobs
+WHERE status = 'claimed' AND claimed_pod IS NOT NULL
+GROUP BY claimed_pod;
 
 -- migration_table_create --
 -- The record of applied migrations (created under the migration lock).
