@@ -124,6 +124,17 @@ class Runner:
                     ULID.from_bytes(job.id.bytes), job.kind, job.queue, job.run_count, job.waited_s
                 )
             )
+        if asyncio.get_running_loop().time() >= held.abort_at:
+            # The claim's reply came too late (a connection that stalled): the lease may be
+            # over and the job recovered elsewhere. Never start it; hand it back unrun.
+            logger.warning(
+                "job %s (%s): its claim's reply arrived as its lease was ending; handed back",
+                job.id,
+                job.kind,
+                extra={"job_id": str(job.id), "kind": job.kind},
+            )
+            self._completer.settle_nowait(Settlement.of(job, "returned"))
+            return
         if len(self.running) < self.concurrency and not self.buffer:
             self._start(held)
         else:
