@@ -4,7 +4,7 @@ Everything public is exported here; submodules prefixed with `_` are private.
 """
 
 from venturi.backoff import Backoff
-from venturi.context import Context
+from venturi.context import CancelReason, Context
 from venturi.errors import (
     AttachmentTooLarge,
     DuplicateKindError,
@@ -13,6 +13,7 @@ from venturi.errors import (
     StoreClosedError,
     VenturiError,
 )
+from venturi.hooks import Hooks
 from venturi.identity import WorkerIdentity
 from venturi.jobs import (
     CleanupCriteria,
@@ -24,6 +25,7 @@ from venturi.jobs import (
     Stats,
 )
 from venturi.merge import DedupKey, Merge, Pending
+from venturi.middleware import CallNext, Middleware
 from venturi.outcome import Outcome, PanicPolicy, TaskError
 from venturi.postgres import PostgresStore
 from venturi.queue import Queue
@@ -35,16 +37,20 @@ __version__ = "0.1.0"
 __all__ = [
     "AttachmentTooLarge",
     "Backoff",
+    "CallNext",
+    "CancelReason",
     "CleanupCriteria",
     "Context",
     "DedupKey",
     "DuplicateKindError",
     "HistoryFilter",
+    "Hooks",
     "Job",
     "JobStatus",
     "JournalEntry",
     "JournalOutcome",
     "Merge",
+    "Middleware",
     "Outcome",
     "PanicPolicy",
     "PayloadError",

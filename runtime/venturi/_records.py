@@ -9,10 +9,11 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from ulid import ULID
 
-from venturi.jobs import JournalEntry
+from venturi.jobs import JobStatus, JournalEntry
 
 
 @dataclass(slots=True)  # not frozen: built once per enqueued job, frozen init costs
@@ -38,6 +39,7 @@ class ClaimedJob:
 
     id: uuid.UUID
     kind: str
+    queue: str
     payload: str
     carry: str | None
     run_count: int
@@ -57,8 +59,11 @@ class Settlement:
     id: uuid.UUID
     claim_token: uuid.UUID
     kind: str
+    queue: str
+    run: int
     outcome: str
-    """A JournalOutcome value: completed, paused, failed, dead or released."""
+    """A JournalOutcome value (completed, paused, failed, dead or released), or "returned"
+    for a prefetched job handed back unrun."""
     delay_s: float = 0.0
     carry: str | None = None
     set_carry: bool = False
@@ -68,6 +73,15 @@ class Settlement:
     unrecordable: Callable[[str], Settlement] | None = None
     """What to write instead if the database refuses this settlement's data: a failed
     execution with the given reason (built by the executor, which knows the job's policy)."""
+
+    @classmethod
+    def of(cls, job: ClaimedJob, outcome: str, **fields: Any) -> Settlement:
+        """The settlement of `job`'s current claim."""
+        return cls(job.id, job.claim_token, job.kind, job.queue, job.run_count, outcome, **fields)
+
+    @property
+    def ulid(self) -> ULID:
+        return ULID.from_bytes(self.id.bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +105,18 @@ class Recovery:
     dead: bool
     delay_s: float
     note: str
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """What became of one recovered job: pending again (after backoff), or dead."""
+
+    id: ULID
+    kind: str
+    queue: str
+    run: int
+    status: JobStatus
+    note: str | None
 
 
 @dataclass(frozen=True, slots=True)

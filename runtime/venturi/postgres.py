@@ -32,6 +32,7 @@ from venturi._records import (
     ExistingJob,
     MergePlan,
     NewJob,
+    Recovered,
     Recovery,
     Settlement,
     StaleJob,
@@ -500,7 +501,7 @@ class PostgresStore:
     async def claim(
         self,
         *,
-        queue: str,
+        queues: Sequence[str],
         kinds: Sequence[str],
         limit: int,
         worker: str,
@@ -510,8 +511,9 @@ class PostgresStore:
         reserved_normal: int = 0,
         held_lease_s: float | None = None,
     ) -> list[ClaimedJob]:
-        """Claim up to `limit` jobs; `reserved_low` of the slots go to LOW jobs first and
-        `reserved_normal` to NORMAL-or-LOW ones (anti-starvation), the rest to any tier.
+        """Claim up to `limit` jobs of `queues`, emptying them in that order (one statement);
+        within a queue `reserved_low` of the slots go to LOW jobs first and `reserved_normal`
+        to NORMAL-or-LOW ones (anti-starvation), the rest to any tier.
 
         `held_lease_s` is how long the shortest lease this worker already holds has left
         (None: it holds none). A claim whose leases end sooner than that announces them
@@ -520,11 +522,11 @@ class PostgresStore:
         """
         rows = await self._fetch(
             self._q["job_claim"],
-            queue,
+            list(queues),
             list(kinds),
+            limit,
             reserved_low,
             reserved_normal,
-            limit - reserved_low - reserved_normal,
             worker,
             pod,
             default_lease_s,
@@ -535,6 +537,7 @@ class PostgresStore:
             ClaimedJob(
                 id=r["id"],
                 kind=r["kind"],
+                queue=r["queue"],
                 payload=r["payload"],
                 carry=r["carry"],
                 run_count=r["run_count"],
@@ -594,9 +597,9 @@ class PostgresStore:
         queues: Sequence[str],
         worker: str,
         limit: int = 500,
-    ) -> list[tuple[uuid.UUID, str, JobStatus]]:
+    ) -> list[Recovered]:
         """Recover jobs of `queues` whose lease expired: lock them, let `decide` (pure)
-        choose, write. Returns (id, kind, new status) for each recovered job.
+        choose, write. Returns what became of each recovered job.
         """
         async with self._transaction() as conn:
             rows = await conn.fetch(self._q["job_select_stale"], limit, list(queues))
@@ -626,7 +629,17 @@ class PostgresStore:
                 worker,
                 self.channel,
             )
-        return [(r["id"], r["kind"], JobStatus(r["status"])) for r in recovered]
+        return [
+            Recovered(
+                id=ULID.from_bytes(r["id"].bytes),
+                kind=r["kind"],
+                queue=r["queue"],
+                run=r["run_count"],
+                status=JobStatus(r["status"]),
+                note=r["note"],
+            )
+            for r in recovered
+        ]
 
     async def next_lease_expiry(self, queues: Sequence[str]) -> float | None:
         """Seconds until the earliest lease in `queues` expires (negative if already

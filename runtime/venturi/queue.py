@@ -12,17 +12,18 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from ulid import ULID
 
 from venturi import codec
-from venturi._hooks import metrics_hooks
+from venturi._hooks import hook_set
 from venturi._records import ExistingJob, MergePlan, NewJob
 from venturi._settings import check_lease, check_queue_name
 from venturi.backoff import MAX_DELAY, Backoff, Seconds, to_seconds
+from venturi.hooks import Enqueued, Hooks
 from venturi.jobs import CleanupCriteria, HistoryFilter, Job, JobStatus, JournalEntry, Stats
 from venturi.merge import DedupKey, Merge, MergeAction, Pending
 from venturi.postgres import PostgresStore
@@ -77,11 +78,16 @@ class Queue:
     """Enqueue jobs and read their state. Cheap to create; share one per store."""
 
     def __init__(
-        self, store: PostgresStore, *, queue: str = DEFAULT_QUEUE, metrics: bool = False
+        self,
+        store: PostgresStore,
+        *,
+        queue: str = DEFAULT_QUEUE,
+        hooks: Sequence[Hooks] = (),
+        metrics: bool = False,
     ) -> None:
         self.store = store
         self.queue = check_queue_name(queue)
-        self.hooks = metrics_hooks(metrics)
+        self.hooks = hook_set(hooks, metrics=metrics)
 
     async def enqueue(self, task: Task[Any], *, priority: Priority | None = None) -> ULID:
         """Store a job that is eligible now; returns its id.
@@ -95,7 +101,8 @@ class Queue:
         if job.dedup_key is None:
             await self.store.insert(job)
             self._log(job)
-            self.hooks.enqueued(job.kind)
+            if self.hooks.active:
+                self.hooks.enqueued(Enqueued(job.id, job.kind, job.queue))
             return job.id
         plans: list[MergePlan] = []
 
@@ -105,10 +112,9 @@ class Queue:
 
         holder = await self.store.insert_deduplicated(job, decide)
         self._log(job)
-        if plans and plans[0].action != "independent":
-            self.hooks.merged(job.kind, plans[0].action)
-        else:
-            self.hooks.enqueued(job.kind)
+        if self.hooks.active:
+            merged = plans[0].action if plans and plans[0].action != "independent" else None
+            self.hooks.enqueued(Enqueued(holder, job.kind, job.queue, merged))
         return holder
 
     @staticmethod
@@ -186,8 +192,9 @@ class Queue:
             kinds = [_kind(type(t)) for t in tasks]
             payloads = [codec.encode(t, kind=k) for t, k in zip(tasks, kinds, strict=True)]
             await self.store.insert_plain(ids, kinds, self.queue, tier, payloads)
-            for kind in kinds:
-                self.hooks.enqueued(kind)
+            if self.hooks.active:
+                for job_id, kind in zip(ids, kinds, strict=True):
+                    self.hooks.enqueued(Enqueued(job_id, kind, self.queue))
             logger.debug("enqueued %d jobs", len(ids))
             return ids
         jobs = [
@@ -195,8 +202,9 @@ class Queue:
         ]
         plain = [j for j in jobs if j.dedup_key is None]
         await self.store.insert_many(plain)
-        for j in plain:
-            self.hooks.enqueued(j.kind)
+        if self.hooks.active:
+            for j in plain:
+                self.hooks.enqueued(Enqueued(j.id, j.kind, j.queue))
         ids = []
         for task, job in zip(tasks, jobs, strict=True):
             if job.dedup_key is None:

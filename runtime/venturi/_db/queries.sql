@@ -32,73 +32,12 @@ WITH inserted AS (
 SELECT pg_notify($12, kind) FROM (SELECT DISTINCT kind FROM inserted) AS kinds;
 
 -- job_claim --
--- Claim eligible jobs in claim order (priority tier, then age), skipping rows other workers
--- hold: up to $3 LOW-only slots, then $4 slots for NORMAL or LOW, then $5 for any tier
--- (weighted-slot anti-starvation; a reserved slot left empty passes to the next group).
--- One statement, each part a range scan of {prefix}_jobs_claim_idx at any backlog. Each
--- claim gets a fresh token that guards every later write to the job (stored leases are
--- bounded by a CHECK constraint, so no row's lease can fail the statement).
--- $9 is the shortest lease the claiming worker already holds (NULL: none): a claim whose
--- leases end sooner announces them on channel $10, so idle rescuers know when to look.
-WITH p0 AS (
-    SELECT id FROM {prefix}_jobs
-    WHERE status = 'pending' AND queue = $1 AND kind = ANY($2::text[])
-      AND priority <= 0 AND run_at <= now()
-    ORDER BY priority DESC, run_at, id
-    LIMIT $3
-    FOR UPDATE SKIP LOCKED
-), p1 AS (
-    SELECT id FROM {prefix}_jobs
-    WHERE status = 'pending' AND queue = $1 AND kind = ANY($2::text[])
-      AND priority <= 1 AND run_at <= now() AND id NOT IN (SELECT id FROM p0)
-    ORDER BY priority DESC, run_at, id
-    LIMIT $3 + $4 - (SELECT count(*) FROM p0)
-    FOR UPDATE SKIP LOCKED
-), p2 AS (
-    SELECT id FROM {prefix}_jobs
-    WHERE status = 'pending' AND queue = $1 AND kind = ANY($2::text[])
-      AND run_at <= now()
-      AND id NOT IN (SELECT id FROM p0 UNION ALL SELECT id FROM p1)
-    ORDER BY priority DESC, run_at, id
-    LIMIT $3 + $4 + $5 - (SELECT count(*) FROM p0) - (SELECT count(*) FROM p1)
-    FOR UPDATE SKIP LOCKED
-), picked AS (
-    SELECT id FROM p0 UNION ALL SELECT id FROM p1 UNION ALL SELECT id FROM p2
-), claimed AS (
-    UPDATE {prefix}_jobs AS j SET
-        status = 'claimed',
-        run_count = j.run_count + 1,
-        claim_token = gen_random_uuid(),
-        claimed_at = now(),
-        claimed_by = $6,
-        claimed_pod = $7,
-        lease_until = now() + make_interval(secs => coalesce(j.lease_s, $8))
-    -- = ANY(ARRAY(...)) rather than a join: the planner cannot estimate the CTEs' row
-    -- counts (their LIMITs are expressions) and would hash-join a scan of the whole table.
-    WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
-    RETURNING j.id, j.kind, j.payload, j.carry, j.run_count, j.failures, j.claim_token,
-              coalesce(j.lease_s, $8) AS lease_s, j.backoff_base_s, j.backoff_cap_s,
-              j.priority, j.run_at, j.dedup_key
-), announced AS (
-    SELECT pg_notify($10, '!lease ' || min(lease_s)::text || ' ' || $1)
-    FROM claimed
-    HAVING count(*) > 0 AND ($9::float8 IS NULL OR min(lease_s) < $9)
-)
--- In claim order: a worker that holds some jobs back (prefetch) starts them in this order.
-SELECT c.id, c.kind, c.payload::text, c.carry::text, c.run_count, c.failures, c.claim_token,
-       c.lease_s, c.backoff_base_s, c.backoff_cap_s,
-       extract(epoch FROM now() - c.run_at)::float8 AS waited_s,
-       -- A first run has no history unless a merge journaled one (merges need a dedup
-       -- key), so most claims skip the journal entirely.
-       CASE WHEN c.run_count > 1 OR c.dedup_key IS NOT NULL THEN
-       (SELECT jsonb_agg(jsonb_build_object(
-                   'run', h.run, 'outcome', h.outcome, 'at', h.at, 'note', h.note,
-                   'attachment', h.attachment, 'duration_s', h.duration_s,
-                   'worker', h.worker) ORDER BY h.id)
-        FROM {prefix}_journal AS h WHERE h.job_id = c.id)::text END AS history,
-       (SELECT count(*) FROM announced) AS announced
-FROM claimed AS c
-ORDER BY c.priority DESC, c.run_at, c.id;
+-- Claim up to $3 eligible jobs of the queues $1, in their order, of the kinds $2 (see the
+-- function's definition in migration 0004 for the claim order, the tier reservations $4/$5
+-- and the lease announcement $9 on channel $10). Rows come back in claim order.
+SELECT id, kind, queue, payload, carry, run_count, failures, claim_token, lease_s,
+       backoff_base_s, backoff_cap_s, waited_s, history
+FROM {prefix}_claim_v1($1, $2, $3, $4, $5, $6, $7, $8, $9, $10);
 
 -- job_settle_many --
 -- Settle a batch of outcomes and write their journal rows in one statement. Each row is
@@ -180,7 +119,7 @@ WITH r AS (
         lease_until = NULL
     FROM r
     WHERE j.id = r.id AND j.claim_token = r.token  -- still the claim that expired (see settle)
-    RETURNING j.id, j.kind, j.run_count, j.status, r.note
+    RETURNING j.id, j.kind, j.queue, j.run_count, j.status, r.note
 ), journal AS (
     INSERT INTO {prefix}_journal (job_id, run, outcome, note, worker)
     SELECT id, run_count, 'stale_recovered', note, $6 FROM recovered
@@ -188,7 +127,8 @@ WITH r AS (
     SELECT pg_notify($7, kind) FROM (SELECT DISTINCT kind FROM recovered
                                      WHERE status = 'pending') AS kinds
 )
-SELECT recovered.id, recovered.kind, recovered.status, (SELECT count(*) FROM woken) AS woken
+SELECT recovered.id, recovered.kind, recovered.queue, recovered.run_count, recovered.status,
+       recovered.note, (SELECT count(*) FROM woken) AS woken
 FROM recovered;
 
 -- lease_next_expiry --
