@@ -24,7 +24,7 @@ from typing import Any
 import msgspec
 from ulid import ULID
 
-from venturi import codec
+from venturi import codec, logs
 from venturi._records import ClaimedJob, Settlement
 from venturi.backoff import Backoff, retry_delay
 from venturi.context import Cancellation, Context
@@ -64,7 +64,7 @@ async def execute(
     cancellation: Cancellation,
 ) -> Settlement:
     """Run `job` and return its settlement. A forced abort by venturi becomes a release."""
-    log_extra = {"job_id": str(job.id), "kind": job.kind}
+    log_extra = logs.job_fields(job.id, job.kind, job.queue, job.run_count)
     try:
         task = codec.decode(reg.task_type, job.payload)
         carry = _decode_carry(reg.carry_type, job.carry)
@@ -84,7 +84,8 @@ async def execute(
     )
     started = time.monotonic()
     try:
-        result = await reg.handler(task, ctx, app)
+        with logs.bound(log_extra):  # the handler's own records name its job too
+            result = await reg.handler(task, ctx, app)
     except asyncio.CancelledError:
         reason = cancellation.note if cancellation.forced else None
         if reason is None:
@@ -201,7 +202,7 @@ def _failed(
 ) -> Settlement:
     """A failed execution: dead when permanent or at the backstop, else retried with backoff."""
     failures = job.failures + 1
-    log_extra = {"job_id": str(job.id), "kind": job.kind}
+    log_extra = logs.job_fields(job.id, job.kind, job.queue, job.run_count)
     if permanent or (policy.backstop is not None and failures >= policy.backstop):
         if not permanent:
             message = f"backstop reached after {failures} failed executions; last: {message}"

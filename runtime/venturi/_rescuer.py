@@ -23,6 +23,7 @@ import contextlib
 import logging
 import math
 
+from venturi import logs
 from venturi._db.failures import is_database_failure
 from venturi._executor import Policy, job_backoff
 from venturi._hooks import HookSet
@@ -137,7 +138,7 @@ class Rescuer:
                     r.id,
                     r.kind,
                     r.status,
-                    extra={"job_id": str(r.id), "kind": r.kind},
+                    extra=logs.job_fields(r.id, r.kind, r.queue, r.run),
                 )
                 if self._hooks.active:
                     self._hooks.recovered(RecoveredEvent(r.id, r.kind, r.queue, r.status.value))

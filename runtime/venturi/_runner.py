@@ -20,6 +20,7 @@ from typing import Any
 
 from ulid import ULID
 
+from venturi import logs
 from venturi._completer import Completer
 from venturi._executor import Policy, Registration, execute
 from venturi._hooks import HookSet
@@ -131,7 +132,7 @@ class Runner:
                 "job %s (%s): its claim's reply arrived as its lease was ending; handed back",
                 job.id,
                 job.kind,
-                extra={"job_id": str(job.id), "kind": job.kind},
+                extra=logs.job_fields(job.id, job.kind, job.queue, job.run_count),
             )
             self._completer.settle_nowait(Settlement.of(job, "returned"))
             return
@@ -196,7 +197,7 @@ class Runner:
             held.job.id,
             held.job.kind,
             why,
-            extra={"job_id": str(held.job.id), "kind": held.job.kind},
+            extra=logs.job_fields(held.job.id, held.job.kind, held.job.queue, held.job.run_count),
         )
         held.stop(CancelReason.LEASE_LOST, f"aborted: {why}")
 
@@ -239,7 +240,7 @@ class Runner:
             job.id,
             job.kind,
             ABANDON_AFTER,
-            extra={"job_id": str(job.id), "kind": job.kind},
+            extra=logs.job_fields(job.id, job.kind, job.queue, job.run_count),
         )
         self._forget(held)
         if held.task is not None:
