@@ -128,7 +128,12 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
                     )
                     await reconciler.kube.patch_status(namespace, name, result.status)
                 except Exception:  # one bad tick must never end the daemon
-                    logger.exception("%s/%s: reconcile failed", namespace, name)
+                    logger.exception(
+                        "%s/%s: reconcile failed",
+                        namespace,
+                        name,
+                        extra={"namespace": namespace, "jobqueue": name},
+                    )
                     reconciler.metrics.reconcile_errors.labels(namespace, name, "Exception").inc()
                 reconciled[key] = generation
                 interval = spec.get("interval") if isinstance(spec, dict) else None

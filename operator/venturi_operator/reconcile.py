@@ -204,7 +204,12 @@ class Reconciler:
             conflicts = await self.kube.other_autoscalers(namespace)
         except KubeError as exc:
             conflicts = {}
-            logger.warning("cannot check for other autoscalers in %s: %s", namespace, exc)
+            logger.warning(
+                "cannot check for other autoscalers in %s: %s",
+                namespace,
+                exc,
+                extra={"namespace": namespace, "jobqueue": name},
+            )
         now = self._clock()
         pools_status: list[dict[str, Any]] = []
         pool_snapshots: dict[str, PoolSnapshot] = {}
@@ -374,6 +379,7 @@ class Reconciler:
                 current,
                 decision.replicas,
                 decision.reason,
+                extra={"namespace": namespace, "jobqueue": name},
             )
         # Kept only once the scale is applied: a failed patch loses just this tick's sample.
         memory.histories[pool.deployment] = decision.history
@@ -390,7 +396,12 @@ class Reconciler:
             for pod, cost in scalein.stale_costs(pods, costs).items():
                 await self.kube.set_deletion_cost(namespace, pod, cost)
         except (KubeError, DatabaseError) as exc:
-            logger.warning("%s: cannot mark idle pods before a scale-in: %s", namespace, exc)
+            logger.warning(
+                "%s: cannot mark idle pods before a scale-in: %s",
+                namespace,
+                exc,
+                extra={"namespace": namespace},
+            )
             return None
         return scalein.busy_pods(costs)
 

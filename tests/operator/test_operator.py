@@ -4,8 +4,12 @@ Kubernetes (kmock, in kube_harness.py), with a real PostgreSQL for the queue's s
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
+import os
+import signal
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -24,6 +28,8 @@ from kube_harness import (
 )
 
 from venturi import PostgresStore, Queue, Task
+from venturi_operator.__main__ import JsonFormatter as OperatorJsonFormatter
+from venturi_operator.__main__ import Logging, parse_args
 from venturi_operator.cadence import BURST_WAKE_SECONDS
 from venturi_operator.config import OperatorConfig
 from venturi_operator.databases import Databases
@@ -507,6 +513,125 @@ async def test_no_part_of_a_dsn_but_host_port_and_database_is_ever_shown(
         message = condition({"status": statuses[name]}, "DatabaseReachable")["message"]
         assert "does not say unambiguously where it is" in message, message
     assert set(reasons.values()) <= {"StatsRead", "InvalidDSN", "ConnectionFailed"}, reasons
+
+
+async def test_json_logs_name_the_jobqueue_and_never_a_password(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    where = pg_dsn.removeprefix("postgresql://postgres@")
+    marker = f"Pw{uuid.uuid4().hex}"
+    cases = {  # the server trusts us: any password connects
+        "good": f"postgresql://postgres:{marker}good@{where}",
+        "slash": f"postgresql://postgres:{marker}one/{marker}two@{where}",
+        "at-sign": f"postgresql://postgres:{marker}three@{marker}four@{where}",
+        "unreachable": f"postgresql://postgres:{marker}five@127.0.0.1:1/postgres",
+    }
+    for i, (name, dsn) in enumerate(cases.items()):
+        kube.secret(NS, f"db-{name}", string_data={"dsn": dsn})
+        worker(kube, f"w{i}", name, replicas=0)
+        kube.jobqueue(
+            NS,
+            name,
+            spec(store.prefix, secret=f"db-{name}", deployment=f"w{i}", fallbackReplicas=1),
+        )
+    await Queue(store).enqueue(Mail())
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(OperatorJsonFormatter())
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        async with operator(kube):
+            for i in range(len(cases)):  # "good" scales for its job, the others to fallback
+                await replicas_become(kube, f"w{i}", 1)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    text = out.getvalue()
+    assert marker.lower() not in text.lower()
+    records = [json.loads(line) for line in text.splitlines()]
+    assert records and all({"time", "level", "logger", "message"} <= r.keys() for r in records), (
+        records
+    )
+    assert {r["logger"].split(".")[0] for r in records} >= {"kopf", "venturi_operator"}
+    about = {
+        (r.get("namespace"), r.get("jobqueue")) for r in records if r["logger"] == "kopf.objects"
+    }
+    assert {(NS, name) for name in cases} <= about, about
+    scaled = [r for r in records if "scaled" in r["message"] and r["logger"].startswith("venturi_")]
+    assert {(r["namespace"], r["jobqueue"]) for r in scaled} == {(NS, name) for name in cases}
+
+
+async def test_the_operator_command_logs_json_lines_once_each(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    where = pg_dsn.removeprefix("postgresql://postgres@")
+    marker = f"Pw{uuid.uuid4().hex}"
+    kube.secret(NS, "db", string_data={"dsn": f"postgresql://postgres:{marker}@{where}"})
+    kube.secret(NS, "db-bad", string_data={"dsn": f"postgresql://postgres:{marker}/x@{where}"})
+    worker(kube, "mailer", "mail", replicas=0)
+    worker(kube, "other", "bad", replicas=0)
+    kube.jobqueue(NS, "mail", spec(store.prefix))
+    kube.jobqueue(NS, "bad", spec(store.prefix, secret="db-bad", deployment="other"))
+    await Queue(store).enqueue(Mail())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VENTURI_", "KUBE"))}
+    env |= {"KUBECONFIG": str(kube.kubeconfig_path), "VENTURI_LOG_FORMAT": "json"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "venturi_operator",
+        f"--namespace={NS}",
+        "--metrics-port=0",
+        "--liveness=",
+        "--log-level=debug",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        await replicas_become(kube, "mailer", 1)
+        await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            "bad",
+            lambda o: condition(o, "DatabaseReachable").get("reason") == "InvalidDSN",
+            timeout=TIMEOUT,
+        )
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=TIMEOUT)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, stderr.decode()[-2000:]
+    text = stdout.decode() + stderr.decode()
+    assert marker.lower() not in text.lower()
+    records = [json.loads(line) for line in text.splitlines()]  # every line is JSON
+    assert all({"time", "level", "logger", "message"} <= r.keys() for r in records)
+    started = [
+        r
+        for r in records
+        if r["message"] == "Activity 'build_registry.<locals>.configure' succeeded."
+    ]
+    assert len(started) == 1, "each record once (kopf's handler is not added too)"
+    assert any(r["level"] == "debug" and r["logger"].startswith("kopf") for r in records)
+    about = {r.get("jobqueue") for r in records if r["logger"] == "kopf.objects"}
+    assert about == {"mail", "bad"}, about
+
+
+def test_log_options_come_from_flags_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_args(["-n", NS])[1] == Logging("text", "info")
+    monkeypatch.setenv("VENTURI_LOG_FORMAT", "json")
+    monkeypatch.setenv("VENTURI_LOG_LEVEL", "WARNING")
+    assert parse_args(["-n", NS])[1] == Logging("json", "warning")
+    assert parse_args(["-n", NS, "--log-format=text", "--log-level=debug"])[1] == Logging(
+        "text", "debug"
+    )
+    monkeypatch.setenv("VENTURI_LOG_LEVEL", "loud")
+    with pytest.raises(SystemExit):
+        parse_args(["-n", NS])
 
 
 async def test_a_changed_dsn_or_a_deleted_jobqueue_closes_what_no_one_uses(
