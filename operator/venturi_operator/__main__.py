@@ -30,6 +30,8 @@ from venturi_operator.reconcile import Reconciler
 
 @dataclass(frozen=True, slots=True)
 class Logging:
+    """--log-format and --log-level, checked."""
+
     format: str
     level: str
 
@@ -40,12 +42,8 @@ class JsonFormatter(logs.JsonFormatter):
 
     def fields(self, record: logging.LogRecord) -> Mapping[str, object]:
         ref = getattr(record, "k8s_ref", None)
-        if isinstance(ref, dict):
-            found = {"namespace": ref.get("namespace")}
-            if ref.get("kind") == "JobQueue":
-                found["jobqueue"] = ref.get("name")
-            else:
-                found["object"] = f"{ref.get('kind')}/{ref.get('name')}"
+        if isinstance(ref, dict) and ref.get("kind") == "JobQueue":  # the only kind it handles
+            found = {"namespace": ref.get("namespace"), "jobqueue": ref.get("name")}
         else:
             found = {k: getattr(record, k, None) for k in ("namespace", "jobqueue")}
         return {k: v for k, v in found.items() if v is not None}

@@ -2,8 +2,8 @@
 one JSON object per line for a log pipeline (`--log-format json`, `VENTURI_LOG_FORMAT=json`).
 
     {"time": "2026-05-01T12:00:00.123456Z", "level": "warning", "logger": "venturi._executor",
-     "message": "job 01J... (mail) raised", "job_id": "01J...", "kind": "mail",
-     "queue": "default", "run": 2, "worker": "pod/host:7#1a2b", "exc_info": "Traceback ..."}
+     "message": "job 0190... (mail) raised", "worker": "host:7#1a2b", "job_id": "01J9...",
+     "kind": "mail", "queue": "default", "run": 2, "exc_info": "Traceback ..."}
 
 A JSON line has `time` (RFC 3339, UTC), `level`, `logger` and `message`; the fields bound for
 the code that logged (`bound()`: the worker around its run, each job around its handler, so a
@@ -11,8 +11,8 @@ handler's own records carry its job too); the known job fields a record's `extra
 `exc_info` / `stack_info` as text. Nothing else of a record is written: a library's `extra`
 (kopf puts its settings object there) never spills into the output.
 
-Both formatters take `redact`, strings never to be written (the pieces of a DSN's password,
-`venturi._dsn.secret_pieces`): each becomes `***` wherever it stands as a word of its own.
+Both formatters take `redact`, strings never to be written (the command line passes every
+piece of the DSN's password): each becomes `***` wherever it stands as a word of its own.
 
 An application that runs a Worker itself can use them the same way:
 
