@@ -94,9 +94,10 @@ class PrivateRedis:
             assert self._proc is not None
             if self._proc.poll() is not None:
                 return False
-            with contextlib.suppress(OSError), socket.create_connection(
-                ("127.0.0.1", self.port), timeout=1.0
-            ) as sock:
+            with (
+                contextlib.suppress(OSError),
+                socket.create_connection(("127.0.0.1", self.port), timeout=1.0) as sock,
+            ):
                 sock.sendall(b"PING\r\n")
                 if sock.recv(64).startswith(b"+PONG"):
                     return True

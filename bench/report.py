@@ -62,8 +62,9 @@ SECTIONS = [
     Section(
         "drain_c16",
         "1. Drain, concurrency 16 (and 6. worker resources)",
-        "As above at concurrency 16. Peak RSS is the worker process's VmHWM; CPU is its "
-        "user+system time from 'ready' to the end of the drain, per 10,000 jobs.",
+        "As above at concurrency 16. Peak RSS is the worker process's VmHWM (summed over its "
+        "pool's processes for Celery); CPU is its user+system time from 'ready' to the end of "
+        "the drain, per 10,000 jobs.",
         [RATE, *WAITS, *RESOURCES],
     ),
     Section(
@@ -290,9 +291,7 @@ class Target:
     figure: Callable[[Results], tuple[str, bool | None]]
 
 
-def _vs_best(
-    res: Results, scenario: str, metric: Metric, need: float
-) -> tuple[str, bool | None]:
+def _vs_best(res: Results, scenario: str, metric: Metric, need: float) -> tuple[str, bool | None]:
     best = res.best_peer(scenario, metric)
     r = ratio(res.median(scenario, VENTURI, metric.key), best[1] if best else None)
     if r is None or best is None:
@@ -394,7 +393,7 @@ SETUP: dict[str, str] = {
     "asyncpg, the stock asyncio loop.",
     "pgqueuer": "`pgqueuer.run(...)` (the twin of `pgq run`) on uvloop, as `pgq run` and "
     "pgqueuer's benchmark tool run; asyncpg, a dedicated worker connection, `pgq autovac`. "
-    "c=16: `max_concurrent_tasks=16`, `batch_size=8` (it requires max ≥ 2 × batch). c=1: "
+    "c=16: `max_concurrent_tasks=16`, `batch_size=8` (it requires max ≥ 2 x batch). c=1: "
     "no per-worker pair is valid, so the entrypoint's `concurrency_limit=1`, which its docs "
     "give for processing 'strictly one at a time', with `batch_size=1` (with its default "
     "batch of 10 the finished job stays 'picked' until the status buffer's 100 ms flush, and "
@@ -442,11 +441,7 @@ def _environment(raw: dict[str, Any]) -> list[str]:
         f"- load average (1/5/15 min) before: {_load(meta.get('load_before'))}, "
         f"after: {_load(meta.get('load_after'))}",
         f"- PostgreSQL: {pg.get('version', '?')}",
-        *(
-            [f"- Redis (Celery's broker): {meta['redis']['version']}"]
-            if "redis" in meta
-            else []
-        ),
+        *([f"- Redis (Celery's broker): {meta['redis']['version']}"] if "redis" in meta else []),
         "- PostgreSQL settings: "
         + ", ".join(f"`{k}={v}`" for k, v in pg.get("settings", {}).items()),
         f"- venturi commit: {meta.get('git', '?')}",

@@ -164,9 +164,7 @@ class Runner:
                 except EventTimeout:
                     capped = True
                 if not capped:
-                    done = await control.call(
-                        "wait_drained", within=150, limit_s=120, poll_s=0.002
-                    )
+                    done = await control.call("wait_drained", within=150, limit_s=120, poll_s=0.002)
                 after = worker.sample()
                 stopped = await worker.stop()
             enqueued, started = load_timings(timings)
@@ -218,9 +216,10 @@ class Runner:
         async with (
             self._database(system, f"pickup_c{concurrency}") as (dsn, name),
             self._control(system, dsn, name) as control,
-            self._worker(
-                system, dsn, name, concurrency=concurrency, kinds=1, notify_at=total
-            ) as (worker, timings),
+            self._worker(system, dsn, name, concurrency=concurrency, kinds=1, notify_at=total) as (
+                worker,
+                timings,
+            ),
         ):
             await worker.wait_event("ready", within=60)
             # Let the worker reach its idle state (LISTEN set up, first empty poll done).
