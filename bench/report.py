@@ -146,10 +146,7 @@ class Results:
             if r["scenario"] != scenario or r["system"] != system:
                 continue
             notes = [f"failed: {r['error']}"] if "error" in r else []
-            notes += [
-                f"not run: {why}" if k == "*" else f"`{k}` skipped: {why}"
-                for k, why in r.get("skipped", {}).items()
-            ]
+            notes += [_skip_note(r, k, why) for k, why in r.get("skipped", {}).items()]
             info = r.get("info", {})
             notes += [f"warning: {info['warning']}"] if "warning" in info else []
             notes += [f"rep {r['rep'] + 1}: {info['capped']}"] if "capped" in info else []
@@ -189,6 +186,16 @@ class Results:
             if (s := self.ceiling(jobs_per_tx, c)) is not None
         ]
         return max(cells, key=lambda cell: cell[1]) if cells else None
+
+
+def _skip_note(record: dict[str, Any], key: str, why: str) -> str:
+    """A metric skipped, a scenario not run at all (``*``), or one that ran and gave no
+    figure (``*`` with info: e.g. a worker that fell behind)."""
+    if key != "*":
+        return f"`{key}` skipped: {why}"
+    if record.get("info"):
+        return f"rep {record['rep'] + 1}: {why}"
+    return f"not run: {why}"
 
 
 def fmt(value: float | None, digits: int = 0) -> str:
@@ -449,7 +456,7 @@ def _environment(raw: dict[str, Any]) -> list[str]:
     ]
     for system, versions in meta.get("versions", {}).items():
         if isinstance(versions, dict):
-            lines.append(f"- {system} venv: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
+            lines.append(f"- {system}: " + ", ".join(f"{k} {v}" for k, v in versions.items()))
     lines += [f"- {system}: not measured ({why})" for system, why in raw["unavailable"].items()]
     return [*lines, ""]
 
