@@ -123,3 +123,18 @@ def test_report_names_a_capped_drain_and_the_scenarios_venturi_trails() -> None:
     ahead = next(line for line in text.splitlines() if "Every scenario ahead" in line)
     assert "drain_c1 jobs/s (river)" in ahead
     assert "**missed**" in ahead
+
+
+def test_report_tells_a_scenario_not_run_from_one_that_gave_no_figure() -> None:
+    raw = _raw(
+        [
+            _record("venturi", "pickup", metrics={"wait_p99_ms": 4.0}),
+            _record("river", "pickup", skipped={"*": "fell behind"}, info={"jobs": 10}),
+            _record("celery", "pickup", skipped={"*": "does not apply"}, info={}),
+        ],
+        ["pickup"],
+    )
+    text = report.render(raw)
+    assert "- river: rep 1: fell behind" in text
+    assert "- celery: not run: does not apply" in text
+    assert "| river | — | — | — |" in text
