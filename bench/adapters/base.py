@@ -9,8 +9,11 @@ An adapter process runs inside one system's virtual environment, in one of two r
   CPU. Every no-op handler calls :meth:`JobRecorder.record` first; events (``ready``,
   ``reached``, ``stopped``) go to stdout as JSON lines; a ``stop`` line or EOF on stdin stops it.
 
-Each system only supplies the thin :class:`System` subclass: how to install, enqueue, run a
-worker and read its own table. The loops, clocks and timings are here, identical for all.
+Each Python system only supplies the thin :class:`System` subclass: how to install, enqueue,
+run a worker and read its own table. The loops, clocks and timings are here, identical for all.
+The peers that are not Python (``bench/river/main.go``, ``bench/graphile/adapter.mjs``)
+implement this same protocol, the same commands and loops, in their own language, so that
+their enqueue loop and handler clock run in their own process as these do.
 """
 
 from __future__ import annotations
