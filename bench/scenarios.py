@@ -45,7 +45,8 @@ class Plan:
     pickup_grace_s: float = 60.0
     # A drain that has not started its N-th job by then is stopped, and its rate is the start
     # rate of the jobs it did start (River at its defaults runs about 10 jobs/s at c=1).
-    drain_budget_s: float = 120.0
+    # 240 s: pgqueuer's strict c=1 (~150-250 jobs/s here) must finish its 20,000 within it.
+    drain_budget_s: float = 240.0
     backlog_big: int = 1_000_000
     backlog_kinds: int = 20
     backlog_concurrency: int = 16
