@@ -25,11 +25,13 @@ peak). The HPA-compatible ``behavior`` stays, as the user's explicit limits. In 
    trend (an average lags its time constant behind a ramp). Over about ten minutes the busy
    slots and the completion rate give the service time ``S = busy / completions`` (Little's
    law, exact for any job-length distribution). A rise in arrivals well beyond Poisson noise
-   (three standard deviations) in two ticks running is a new rate, taken at once at the second
-   tick's (the first straddled the change); one such tick alone is not (a batch is a backlog,
-   not a rate), and when it leaves more pending jobs than one replica runs it is a *burst*,
-   whose time is kept. A cleanup that lowers the totals skips that tick's sample. The time
-   from a scale-up to its pods being ready is observed too (``startup``, 30 s until seen).
+   (three standard deviations) in two ticks running, the second at least 80 % of the first, is
+   a new rate, taken at once at the second tick's (the first straddled the change), at most
+   twice the first's; one such tick alone is not (a batch is a backlog, not a rate; two
+   batches in a row fall off the 80 %, a batch after a tick of noise off the twice), and when
+   it leaves more pending jobs than one replica runs it is a *burst*, whose time is kept. A
+   cleanup that lowers the totals skips that tick's sample. The time from a scale-up to its
+   pods being ready is observed too (``startup``, 30 s until seen).
 
 3. **Recommendation from capacity.** With ``k = targetPerReplica`` slots per replica and the
    age target ``H = maxOldestPendingAge`` (60 s unset):
@@ -181,8 +183,12 @@ MIN_FINISHED = 4.0
 SERVICE_EVIDENCE = 2.0
 #: ... unless this many have been seen finish already.
 ENOUGH_FINISHED = 50
-#: A sample this many Poisson standard deviations above the arrival rate is a rise.
+#: A sample this many Poisson standard deviations above the arrival rate is a rise; a rise two
+#: ticks running, the second at least RISE_AGREE of the first, is a new rate, at most
+#: RISE_GROWTH times the first tick's.
 RISE_SIGMAS = 3.0
+RISE_AGREE = 0.8
+RISE_GROWTH = 2.0
 #: Without ``behavior.scaleDown``: the stabilization window (the highest recommendation of
 #: these last seconds holds) ...
 DEFAULT_SCALE_DOWN_WINDOW_SECONDS = 120
@@ -652,20 +658,25 @@ def _observe(history: History, load: PoolLoad, now: float, per_replica: int) -> 
     rise = (
         arrived / span if arrived > expected + RISE_SIGMAS * math.sqrt(max(expected, 1.0)) else None
     )
+    # Risen two ticks running, the second no lower than most of the first: a new rate (the
+    # first of the two straddled the change; two batches one after the other fall off).
+    new_rate: float | None = None
+    if rise is not None and last.rise is not None and rise >= RISE_AGREE * last.rise:
+        # This tick's, but at most twice the first's: a batch after a tick of noise is no rate.
+        new_rate = min(rise, RISE_GROWTH * last.rise)
     counted = arrived
-    if rate is not None and rise is not None and last.rise is None:
+    if rate is not None and rise is not None:
         # A rise seen once may be a batch: a backlog (which the recommendation counts), not a
         # rate. Only what the rate expected counts, unless the next tick sees a rise too.
-        counted = round(expected)
+        counted = round(expected) if new_rate is None else min(arrived, round(new_rate * span))
     total, seconds = history.arrived * fade + counted, history.arrival_span * fade + span
     fade = math.exp(-span / TREND_SECONDS)
     slow = history.arrived_slow * fade + counted
     slow_seconds = history.arrival_span_slow * fade + span
-    if rate is not None and rise is not None and last.rise is not None:
-        # Risen two ticks running: a new rate, not a batch, at once -- this tick's, since the
-        # first of the two straddled the change. Both averages take it: a step is no trend.
-        total = max(total, rise * seconds)
-        slow = max(slow, rise * slow_seconds)
+    if rate is not None and new_rate is not None:
+        # A new rate, at once; both averages take it: a step is no trend.
+        total = max(total, new_rate * seconds)
+        slow = max(slow, new_rate * slow_seconds)
     bursts = history.bursts
     if rise is not None and last.rise is None and load.demand > per_replica:
         bursts = (*bursts, now)[-BURST_MEMORY:]

@@ -1007,8 +1007,8 @@ def test_a_batch_is_a_backlog_not_a_rate_but_a_sustained_rise_is_a_rate() -> Non
 
 
 def test_a_rise_two_ticks_running_is_taken_at_the_second_ticks_rate() -> None:
-    """A step from 2 to 40 jobs/s a second before a tick: that tick sees 12 jobs/s, the next
-    the whole 40. The pool sizes for 40, not for the lower of the two."""
+    """A step from 2 to 40 jobs/s three seconds before a tick: that tick sees 24.8 jobs/s, the
+    next the whole 40, taken at once (not the lower of the two)."""
     spec = pool(target_per_replica=8, behavior=Behavior())
     history, now, finished = steady(2.0, 9.0, spec=spec, current=4, step=5.0, ticks=200)
     outstanding = 18
@@ -1020,9 +1020,60 @@ def test_a_rise_two_ticks_running_is_taken_at_the_second_ticks_rate() -> None:
         sample = PoolLoad(pending=outstanding - 18, claimed=18, finished=finished)
         return decide(sample, spec, history, at, current=4).history
 
-    history = tick(now, 60, 10)  # 4 s at 2 jobs/s, 1 s at 40: 12 jobs/s
+    history = tick(now, 124, 10)  # 2 s at 2 jobs/s, 3 s at 40: 24.8 jobs/s
     history = tick(now + 5, 200, 10)
     assert history.arrival_rate == pytest.approx(40.0, rel=0.01)
+
+
+def test_a_rise_taken_at_once_is_at_most_twice_the_first_ticks() -> None:
+    """The step a second before a tick (12 jobs/s seen, then 40): 24 at once, 40 a tick later.
+    The cap keeps a tick of noise and a batch after it from reading as a rate."""
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(2.0, 9.0, spec=spec, current=4, step=5.0, ticks=200)
+    outstanding = 18
+
+    def tick(at: float, arrived: int, done: int) -> History:
+        nonlocal outstanding, finished
+        outstanding += arrived - done
+        finished += done
+        sample = PoolLoad(pending=outstanding - 18, claimed=18, finished=finished)
+        return decide(sample, spec, history, at, current=4).history
+
+    history = tick(now, 60, 10)
+    history = tick(now + 5, 200, 10)
+    assert history.arrival_rate == pytest.approx(24.0, rel=0.01)
+    history = tick(now + 10, 200, 10)
+    assert history.arrival_rate == pytest.approx(40.0, rel=0.01)
+
+
+def test_two_batches_one_after_the_other_are_not_a_rate() -> None:
+    """889 jobs, then 609 a tick later (two inserts 5 s apart): a rise two ticks running, but
+    the second well below the first, as no new rate is. The rate stays the trickle's."""
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(0.5, 9.0, spec=spec, current=2, step=5.0, ticks=200)
+    first = decide(
+        PoolLoad(pending=889, claimed=5, finished=finished + 2),
+        spec,
+        history,
+        now,
+        current=2,
+    ).history
+    second = decide(
+        PoolLoad(pending=889 + 609 - 14, claimed=16, finished=finished + 5),
+        spec,
+        first,
+        now + 5,
+        current=2,
+    ).history
+    assert second.arrival_rate is not None and second.arrival_rate < 2.0
+    # A noisy tick, then a batch: not a rate of the batch's size either.
+    noisy = decide(
+        PoolLoad(pending=8, claimed=5, finished=finished + 2), spec, history, now, current=2
+    ).history
+    batch = decide(
+        PoolLoad(pending=600, claimed=16, finished=finished + 5), spec, noisy, now + 5, current=2
+    ).history
+    assert batch.arrival_rate is not None and batch.arrival_rate < 10.0
 
 
 def test_the_arrival_trend_is_read_from_two_averages_and_sized_for() -> None:
