@@ -28,8 +28,10 @@ peak). The HPA-compatible ``behavior`` stays, as the user's explicit limits. In 
    (three standard deviations) in two ticks running, the second at least 80 % of the first, is
    a new rate, taken at once at the second tick's (the first straddled the change), at most
    twice the first's; one such tick alone is not (a batch is a backlog, not a rate; two
-   batches in a row fall off the 80 %, a batch after a tick of noise off the twice), and when
-   it leaves more pending jobs than one replica runs it is a *burst*, whose time is kept. A
+   batches in a row fall off the 80 %, a batch after a tick of noise off the twice). When it
+   leaves more pending jobs than one replica runs it is a *burst*, whose time is kept; a pool
+   whose bursts come less than 600 s apart takes a new rate only from two ticks within 80 %
+   of each other either way (batches a tick apart are likelier there than a new rate). A
    cleanup that lowers the totals skips that tick's sample. The time from a scale-up to its
    pods being ready is observed too (``startup``, 30 s until seen).
 
@@ -659,11 +661,16 @@ def _observe(history: History, load: PoolLoad, now: float, per_replica: int) -> 
         arrived / span if arrived > expected + RISE_SIGMAS * math.sqrt(max(expected, 1.0)) else None
     )
     # Risen two ticks running, the second no lower than most of the first: a new rate (the
-    # first of the two straddled the change; two batches one after the other fall off).
+    # first of the two straddled the change; two batches one after the other fall off). A
+    # pool whose bursts come close together takes it only from two ticks that agree either
+    # way: there, batches a tick apart are likelier than a new rate.
     new_rate: float | None = None
-    if rise is not None and last.rise is not None and rise >= RISE_AGREE * last.rise:
-        # This tick's, but at most twice the first's: a batch after a tick of noise is no rate.
-        new_rate = min(rise, RISE_GROWTH * last.rise)
+    if rise is not None and last.rise is not None:
+        gap = history.burst_gap
+        bursty = gap is not None and gap < BRIDGE_SECONDS
+        if rise >= RISE_AGREE * last.rise and (not bursty or RISE_AGREE * rise <= last.rise):
+            # This tick's, at most twice the first's: a batch after a tick of noise is no rate.
+            new_rate = min(rise, RISE_GROWTH * last.rise)
     counted = arrived
     if rate is not None and rise is not None:
         # A rise seen once may be a batch: a backlog (which the recommendation counts), not a

@@ -1076,6 +1076,36 @@ def test_two_batches_one_after_the_other_are_not_a_rate() -> None:
     assert batch.arrival_rate is not None and batch.arrival_rate < 10.0
 
 
+@pytest.mark.parametrize(
+    ("gap", "taken"),
+    [
+        pytest.param(None, True, id="no bursts seen: the second tick's rate"),
+        pytest.param(300.0, False, id="bursts 5 min apart: two batches, not a rate"),
+    ],
+)
+def test_a_pool_with_frequent_bursts_takes_a_rate_only_from_ticks_that_agree(
+    gap: float | None, taken: bool
+) -> None:
+    """355 jobs, then 650 a tick later: the second tick at 1.8 times the first. A new rate where
+    no bursts were seen; two batches at a pool whose bursts come 5 minutes apart."""
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(0.5, 9.0, spec=spec, current=2, step=5.0, ticks=200)
+    bursts = () if gap is None else tuple(now - 100 - gap * i for i in range(4, -1, -1))
+    history = dataclasses.replace(history, bursts=bursts)
+    first = decide(
+        PoolLoad(pending=355, claimed=5, finished=finished + 2), spec, history, now, current=2
+    ).history
+    second = decide(
+        PoolLoad(pending=355 + 650 - 14, claimed=16, finished=finished + 5),
+        spec,
+        first,
+        now + 5,
+        current=2,
+    ).history
+    assert second.arrival_rate is not None
+    assert (second.arrival_rate > 100.0) is taken
+
+
 def test_the_arrival_trend_is_read_from_two_averages_and_sized_for() -> None:
     """Arrivals rising by 1 job/s every 100 s: the fast average lags 60 s behind, the slow one
     180 s; their difference is the slope, and the pool is sized for the rate a replica asked
