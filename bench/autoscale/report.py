@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import statistics
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from bench.autoscale.traces import STEP_LEVELS
+from bench.autoscale.metrics import FLAP_WINDOW_S
+from bench.autoscale.traces import BURST_GAP_S, FULL_DURATION, STEP_LEVELS
 from bench.autoscale.variants import (
     ABLATIONS,
     CLAIRVOYANT,
@@ -21,6 +23,7 @@ from bench.autoscale.variants import (
     SHORT_HOLD,
     fewer_on,
 )
+from venturi_operator.policy import BRIDGE_SECONDS, HOLD_SECONDS
 
 HERE = Path(__file__).resolve().parent
 KEDA = ("keda (pending)", "keda (pending+running)")
@@ -205,7 +208,13 @@ EARLIER = (
 )
 
 
-def render(meta: Mapping[str, Any], summary: Medians, runs: Sequence[RunLike]) -> str:
+def render(
+    meta: Mapping[str, Any],
+    summary: Medians,
+    runs: Sequence[RunLike],
+    *,
+    held_out: tuple[Sequence[int], Medians, Sequence[RunLike]] | None = None,
+) -> str:
     seeds = ", ".join(str(s) for s in meta["seeds"])
     lines = [
         "# Autoscaling: venturi's operator against KEDA + HPA, in a simulator",
@@ -233,6 +242,28 @@ def render(meta: Mapping[str, Any], summary: Medians, runs: Sequence[RunLike]) -
         '"The better KEDA" is, per figure, the lower of the two KEDA variants (the cheaper for '
         "replica-seconds, the faster for p99 wait): the comparison is with KEDA at its best.",
         "",
+    ]
+    if held_out is not None:
+        other_seeds, other_summary, other_runs = held_out
+        mine = {(g, t): (f, ok) for g, t, f, ok in _goals(summary, runs)}
+        lines += [
+            "### The same goals on other seeds",
+            "",
+            f"The goals are set on seeds {seeds}; the same policies on seeds "
+            f"{', '.join(str(s) for s in other_seeds)} (not used to choose anything; no "
+            "ablations), next to the figures above:",
+            "",
+            "| goal | trace | seeds " + seeds + " | met | other seeds | met |",
+            "|---|---|---|---|---|---|",
+        ]
+        for goal, trace, figures, ok in _goals(other_summary, other_runs):
+            here, here_ok = mine.get((goal, trace), ("-", True))
+            lines.append(
+                f"| {goal} | {trace} | {here} | {'yes' if here_ok else '**no**'} | {figures} | "
+                f"{'yes' if ok else '**no**'} |"
+            )
+        lines.append("")
+    lines += [
         "## Every trace",
         "",
         "Columns: provisioned replica-seconds (every pod that exists, starting and draining "
@@ -246,7 +277,7 @@ def render(meta: Mapping[str, Any], summary: Medians, runs: Sequence[RunLike]) -
         "Below the line, venturi with one rule changed (ablations, not the policy): "
         f"*{NO_SPARE}* (the ReplicaSet picks victims alone); *{PACKED}* (the simulated workers "
         "let the busiest pod with a free slot claim a new job, where the runtime's race gives "
-        "it to any: what such a worker change would buy); *{SHORT_HOLD}* (no bridging of "
+        f"it to any: what such a worker change would buy); *{SHORT_HOLD}* (no bridging of "
         f"frequent bursts); *{LONG_HOLD}* (bridging whatever the bursts); *{NO_TREND}* (the "
         "arrival rate without its trend); and a *clairvoyant* that knows the trace's arrival "
         "rate (the bounds below).",
@@ -281,7 +312,7 @@ def render(meta: Mapping[str, Any], summary: Medians, runs: Sequence[RunLike]) -
             "",
         ]
     lines += _bounds(summary, runs)
-    lines += _analysis(summary, runs)
+    lines += _analysis(summary, runs, held_out[1] if held_out is not None else None)
     lines += ["## venturi's flaps, one by one", ""]
     noted = False
     for r in runs:
@@ -358,6 +389,74 @@ def _bounds(summary: Medians, runs: Sequence[RunLike]) -> list[str]:
     return out
 
 
+def _bursty(
+    summary: Medians,
+    runs: Sequence[RunLike],
+    other: Medians | None,
+    fig: Callable[..., str],
+) -> list[str]:
+    """The bursty trace: why the bridging hold, and why its flap goal cannot hold in general."""
+    gap, window = BURST_GAP_S, FLAP_WINDOW_S
+    gaps = 0.9 * FULL_DURATION / gap - 1  # batches stop at 90 % of the trace
+
+    def flap_odds(hold: float) -> float:
+        # The next batch comes after the hold, but within a flap window of the scale-in.
+        return math.exp(-hold / gap) * (1 - math.exp(-window / gap))
+
+    elsewhere = ""
+    if other is not None and "bursty" in other:
+        row = other["bursty"]
+        elsewhere = (
+            f" On the other seeds: {_num(row['venturi']['flaps'], 0)} flaps, a p99 of "
+            f"{_num(row['venturi']['wait_p99'])} s against KEDA's "
+            f"{_num(_best_keda(row, 'wait_p99'))} s, "
+            f"{_num(row['venturi']['replica_seconds'], 0)} replica-seconds against "
+            f"{_num(_best_keda(row, 'replica_seconds'), 0)}."
+        )
+    need = gap * math.log(gaps * (1 - math.exp(-window / gap)))
+    return [
+        "- **bursty.** Batches come at random, on average every "
+        f"{gap / 60:g} minutes. A scale-in between two of them is often undone by the next "
+        "within 5 minutes (a flap), and the next then waits for new pods to start. Bursts that "
+        "come closer than 10 minutes (the median gap) make venturi keep a burst's pods for 10 "
+        "minutes instead of 5, and read two rising ticks as a new rate only when they agree: "
+        f"with the 5-minute hold only, {fig('bursty', SHORT_HOLD, 'flaps', '{:g}')} flaps and "
+        f"a p99 of {fig('bursty', SHORT_HOLD, 'wait_p99', '{:.1f}')} s at "
+        f"{fig('bursty', SHORT_HOLD, 'replica_seconds')} replica-seconds, against "
+        f"{fig('bursty', 'venturi', 'flaps', '{:g}')}, "
+        f"{fig('bursty', 'venturi', 'wait_p99', '{:.1f}')} s and "
+        f"{fig('bursty', 'venturi', 'replica_seconds')}. A batch is planned to start within "
+        "three quarters of `maxOldestPendingAge` once new pods are up; its tail waits about "
+        f"that (max wait {fig('bursty', 'venturi', 'wait_max', '{:.1f}')} s), and the p99 is "
+        "the tail of the largest batches that find the pool cold: it moves with how the "
+        f"batches fall.{elsewhere}",
+        "- **bursty, flaps: at most one is luck, for any policy at 0.6x the cost.** The batches "
+        "are a Poisson process: whenever a policy scales in, the next batch comes within 5 "
+        f"minutes with probability {1 - math.exp(-window / gap):.0%}, whatever it has seen, and "
+        "a batch that needs more pods than are left is a flap. A policy that keeps a batch's "
+        "pods for h seconds and then scales in flaps at a gap between h and h + 5 minutes: "
+        f"{flap_odds(HOLD_SECONDS):.0%} of the gaps at h = {HOLD_SECONDS:g} s, "
+        f"{flap_odds(BRIDGE_SECONDS):.0%} at {BRIDGE_SECONDS:g} s (venturi's bridging), "
+        f"{flap_odds(900.0):.0%} at 900 s: over the trace's {gaps:.0f} gaps, "
+        f"{gaps * flap_odds(HOLD_SECONDS):.1f}, {gaps * flap_odds(BRIDGE_SECONDS):.1f} and "
+        f"{gaps * flap_odds(900.0):.1f} flaps expected. At most one expected needs h of "
+        f"{need:.0f} s or more, which keeps a batch's pods through all but "
+        f"{math.exp(-need / gap):.0%} of the gaps (the pool stays at its burst size): the "
+        f"900 s ablation, {fig('bursty', LONG_HOLD, 'replica_seconds')} replica-seconds "
+        f"({_ratio(summary, 'bursty', LONG_HOLD)} the better KEDA), flaps (median) "
+        f"{fig('bursty', LONG_HOLD, 'flaps', '{:g}')}. A pool that keeps fewer pods, "
+        "not none, flaps as often: any scale-up within 5 minutes of a scale-in is one.",
+    ]
+
+
+def _ratio(summary: Medians, trace: str, policy: str) -> str:
+    row = summary.get(trace, {})
+    value = _get(summary, trace, policy, "replica_seconds")
+    if value is None or not row:
+        return "-"
+    return f"{value / _best_keda(row, 'replica_seconds'):.2f}x"
+
+
 def _flap_kinds(runs: Sequence[RunLike], trace: str) -> tuple[int, int]:
     """(up-down, down-up) flaps of venturi over all seeds."""
     mine = [r for r in runs if r.trace == trace and r.policy == "venturi"]
@@ -365,8 +464,8 @@ def _flap_kinds(runs: Sequence[RunLike], trace: str) -> tuple[int, int]:
     return kinds.count("up-down"), kinds.count("down-up")
 
 
-def _analysis(summary: Medians, runs: Sequence[RunLike]) -> list[str]:
-    """Why each goal is met or missed, with the figures of this run."""
+def _analysis(summary: Medians, runs: Sequence[RunLike], other: Medians | None = None) -> list[str]:
+    """Why each goal is met or missed, with the figures of this run (and of other seeds)."""
     met = {(trace, goal): ok for goal, trace, _, ok in _goals(summary, runs)}
     out = ["## Where a goal is missed, and why", ""]
 
@@ -432,26 +531,12 @@ def _analysis(summary: Medians, runs: Sequence[RunLike]) -> list[str]:
         out.append("None missed.")
     out += ["", "### What the other goals rest on", ""]
     if "bursty" in summary:
-        out.append(
-            "- **bursty.** Batches come at random, on average 6 minutes apart. A scale-in between "
-            "two of them is undone by the next within 5 minutes more often than not (a flap), "
-            "and the next then waits for new pods to start. Bursts that come closer than 10 "
-            "minutes (the median gap) make venturi hold a burst's pods for 10 minutes instead of "
-            "5: with the 5-minute hold only, "
-            f"{fig('bursty', SHORT_HOLD, 'flaps', '{:g}')} flaps and a p99 of "
-            f"{fig('bursty', SHORT_HOLD, 'wait_p99', '{:.1f}')} s at "
-            f"{fig('bursty', SHORT_HOLD, 'replica_seconds')} replica-seconds, against "
-            f"{fig('bursty', 'venturi', 'flaps', '{:g}')}, "
-            f"{fig('bursty', 'venturi', 'wait_p99', '{:.1f}')} s and "
-            f"{fig('bursty', 'venturi', 'replica_seconds')}. A batch is planned to start within "
-            "three quarters of `maxOldestPendingAge` once new pods are up; its tail waits about "
-            f"that (max wait {fig('bursty', 'venturi', 'wait_max', '{:.1f}')} s)."
-        )
+        out += _bursty(summary, runs, other, fig)
     if "spike" in summary:
         out.append(
             "- **spike.** The spikes are 20 minutes apart: no bridging, the spike's pods are "
             "held 5 minutes after the last scale-up (a scale-in sooner undoes it: a flap). Held "
-            f"10 minutes whatever the gap: {fig('spike', LONG_HOLD, 'replica_seconds')} "
+            f"15 minutes: {fig('spike', LONG_HOLD, 'replica_seconds')} "
             f"replica-seconds against {fig('spike', 'venturi', 'replica_seconds')}. The spike's "
             "backlog (jobs that arrive while pods start) is served by the whole pool first in, "
             "first out: its newest job waits for the queue ahead of it, so no pods are added to "

@@ -146,13 +146,17 @@ def diurnal(seed: int, duration: float = FULL_DURATION) -> Trace:
     )
 
 
+#: The bursty trace's mean gap between batches (a Poisson process), at full duration.
+BURST_GAP_S = 360.0
+
+
 def bursty(seed: int, duration: float = FULL_DURATION) -> Trace:
     """0.5 jobs/s, plus batches of 200 to 1,200 jobs enqueued at once (one statement, one
     NOTIFY) at random, on average every 6 minutes."""
     rng = random.Random(f"bursty-{seed}")
     inserts = _poisson(rng, lambda _t: 0.5, 0.5, duration)
     t = 0.0
-    gap = 360.0 * duration / FULL_DURATION
+    gap = BURST_GAP_S * duration / FULL_DURATION
     # Nothing in the last tenth: the trace ends quiet, so every policy has drained by its end.
     while (t := t + rng.expovariate(1 / gap)) < duration * 0.9:
         size = rng.randint(200, 1200)
