@@ -377,13 +377,20 @@ def _bounds(summary: Medians, runs: Sequence[RunLike]) -> list[str]:
             f"| {policy} | {rs:,.0f} | {rs / rs_keda:.3f}x | {row['utilisation'] or 0.0:.1%} "
             f"| {p99:.1f} | {_num(row['rerun'], 0)} |"
         )
+    clairvoyant = rows[CLAIRVOYANT]["replica_seconds"] or 0.0
+    short = clairvoyant - 0.6 * rs_keda
+    ends = [end for end, _ in STEP_LEVELS]
+    longest = max(b - a for a, b in zip([0.0, *ends], ends, strict=False)) * FULL_DURATION
     out += [
         "",
-        "Every schedule cheaper than the clairvoyant's runs some plateau below its count for "
-        "a while; a whole plateau one pod short breaks the p99 goal (above), and so 0.6x is "
-        "out of reach of any policy that meets the p99 goal, clairvoyant or not, without "
-        "running its slots critically loaded. venturi learns each plateau from the counts and "
-        "never removes a busy pod; the difference to the clairvoyant is that.",
+        f"0.6x needs {short:,.0f} replica-seconds less than the clairvoyant: one pod fewer for "
+        f"{short / 60:,.0f} minutes, longer than any plateau (the longest are "
+        f"{longest / 60:g} minutes), where one plateau a pod short already breaks the p99 "
+        "goal (above). So it "
+        "is out of reach of any policy that meets the p99 goal -- even one that knows the "
+        "trace and may interrupt jobs -- short of running its slots critically loaded. "
+        "venturi learns each plateau from the counts and never removes a busy pod: the "
+        "difference to the clairvoyant is that.",
         "",
     ]
     return out
