@@ -451,8 +451,9 @@ def _bursty(
         f"{math.exp(-need / gap):.0%} of the gaps (the pool stays at its burst size): the "
         f"900 s ablation, {fig('bursty', LONG_HOLD, 'replica_seconds')} replica-seconds "
         f"({_ratio(summary, 'bursty', LONG_HOLD)} the better KEDA), flaps (median) "
-        f"{fig('bursty', LONG_HOLD, 'flaps', '{:g}')}. A pool that keeps fewer pods, "
-        "not none, flaps as often: any scale-up within 5 minutes of a scale-in is one.",
+        f"{fig('bursty', LONG_HOLD, 'flaps', '{:g}')}. Keeping fewer pods instead of none "
+        "changes nothing unless they serve the next batch as well: any scale-up within 5 "
+        "minutes of a scale-in is a flap.",
     ]
 
 
