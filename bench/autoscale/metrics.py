@@ -23,6 +23,9 @@ class RunMetrics:
     flaps: int
     #: Times of the flaps (the second scale of each pair), for the report's explanations.
     flap_times: tuple[float, ...]
+    #: Each flap's pair: "up-down" (a scale-up undone) or "down-up" (a scale-in, then a
+    #: scale-up for new work).
+    flap_kinds: tuple[str, ...]
     #: Running jobs aborted at the end of a drain and run again.
     rerun: int
     #: Running jobs SIGKILLed with their pod (back only when their lease expired).
@@ -53,12 +56,17 @@ def quantile(values: list[float], q: float) -> float:
 
 def flaps(events: list[tuple[float, int, int]]) -> list[float]:
     """Times of scales in the opposite direction to the previous scale, within the window."""
-    out: list[float] = []
+    return [at for at, _ in reversals(events)]
+
+
+def reversals(events: list[tuple[float, int, int]]) -> list[tuple[float, str]]:
+    """The flaps, each with its pair: "up-down" or "down-up"."""
+    out: list[tuple[float, str]] = []
     previous: tuple[float, int] | None = None
     for at, before, after in events:
         direction = 1 if after > before else -1
         if previous is not None and direction != previous[1] and at - previous[0] < FLAP_WINDOW_S:
-            out.append(at)
+            out.append((at, "up-down" if direction < 0 else "down-up"))
         previous = (at, direction)
     return out
 
@@ -75,7 +83,7 @@ def measure(cluster: Cluster) -> RunMetrics:
         )
     ]
     provisioned = c.replica_seconds * cluster.worker.concurrency
-    flapped = flaps(c.scale_events)
+    flapped = reversals(c.scale_events)
     firsts = tuple(waits[j] for j in c.first_from_zero)
     return RunMetrics(
         replica_seconds=c.replica_seconds,
@@ -84,7 +92,8 @@ def measure(cluster: Cluster) -> RunMetrics:
         wait_p99=quantile(waits, 0.99),
         wait_max=max(waits, default=0.0),
         flaps=len(flapped),
-        flap_times=tuple(flapped),
+        flap_times=tuple(at for at, _ in flapped),
+        flap_kinds=tuple(kind for _, kind in flapped),
         rerun=c.rerun,
         killed=c.killed,
         first_from_zero=firsts,

@@ -5,7 +5,9 @@ What is modelled, and how (each rule is the one the real part follows):
 - **Jobs** arrive as the trace says (one insert = one NOTIFY). A job that finds a ready pod with
   a free slot is claimed at once by one of them, chosen at random (every worker gets the NOTIFY
   and races for the row with ``SKIP LOCKED``); otherwise it waits in FIFO order. A pod that
-  frees a slot claims the oldest waiting job.
+  frees a slot claims the oldest waiting job. (``placement="packed"`` instead gives a new job
+  to the busiest pod with a free slot: what workers that let busier ones claim first would
+  do -- the runtime does not; an ablation of what it would buy.)
 - **Pods** of the worker Deployment: created when ``spec.replicas`` rises, ready (serving)
   ``startup_s`` later, ``concurrency`` slots each.
 - **Scale-in** picks victims as the ReplicaSet controller does (``ActivePodsWithRanks`` in
@@ -36,11 +38,15 @@ import random
 from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 from bench.autoscale.traces import Trace
 
 STARTING, READY, DRAINING, GONE = "starting", "ready", "draining", "gone"
+
+#: Which ready pod with a free slot claims a new job: any, at random (the workers' race, as
+#: the runtime does it), or the busiest (packing: an ablation).
+Placement = Literal["random", "packed"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,9 +120,11 @@ class Cluster:
         initial_replicas: int = 0,
         horizon: float | None = None,
         drain_limit: float = 3600.0,
+        placement: Placement = "random",
     ) -> None:
         self.trace = trace
         self.worker = worker
+        self.placement = placement
         self.horizon = trace.duration if horizon is None else horizon
         self.drain_limit = drain_limit
         self.now = 0.0
@@ -212,10 +220,12 @@ class Cluster:
             self.run_id.append(0)
             self.pod_of.append(None)
             self.done.append(False)
-            if self._avail:
-                self._claim(self._avail[self.rng.randrange(len(self._avail))], job)
-            else:
+            if not self._avail:
                 self.pending.append(job)
+            elif self.placement == "packed":
+                self._claim(max(self._avail, key=lambda p: (len(p.jobs), p.uid)), job)
+            else:
+                self._claim(self._avail[self.rng.randrange(len(self._avail))], job)
 
     def _claim(self, pod: Pod, job: int) -> None:
         pod.jobs.add(job)

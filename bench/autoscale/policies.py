@@ -1,5 +1,5 @@
-"""The policies besides KEDA: venturi's operator, driven as its reconcile loop drives it, and a
-static fleet.
+"""The policies besides KEDA: venturi's operator, driven as its reconcile loop drives it, a
+static fleet, and a clairvoyant that knows the trace's arrival rate (the report's bounds).
 
 ``VenturiOperator`` runs the operator's own code on simulated inputs, in the order
 ``reconcile.Reconciler._scale_pool`` uses it: the JobQueue spec goes through
@@ -15,7 +15,7 @@ the replicas the last tick decided and when it ran).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from bench.autoscale.model import Cluster
@@ -166,3 +166,49 @@ class Static:
 
     def on_notify(self, cluster: Cluster) -> None:
         pass
+
+
+class Clairvoyant:
+    """A policy that knows the arrival rate ahead: what no real autoscaler can do, so what it
+    costs bounds what any of them can cost.
+
+    Every ``every`` seconds it sets the replicas ``replicas_at`` gives for the time, taking the
+    higher of now and ``lead`` seconds ahead: on the way up its pods are asked for a start-up
+    before the rate rises, on the way down they go the moment it falls -- busy or not, unless
+    ``spare_busy_pods`` (as venturi: never below the pods that hold jobs, idle ones first).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        replicas_at: Callable[[float], int],
+        *,
+        lead: float,
+        spare_busy_pods: bool,
+        every: float = 1.0,
+    ) -> None:
+        self.name = name
+        self.replicas_at = replicas_at
+        self.lead = lead
+        self.spare_busy_pods = spare_busy_pods
+        self.every = every
+
+    def start(self, cluster: Cluster) -> None:
+        cluster.at(cluster.now, lambda: self._tick(cluster))
+
+    def on_notify(self, cluster: Cluster) -> None:
+        pass
+
+    def _tick(self, cluster: Cluster) -> None:
+        now = cluster.now
+        want = max(self.replicas_at(now), self.replicas_at(now + self.lead))
+        current = cluster.spec_replicas
+        if want < current and self.spare_busy_pods:
+            pods = cluster.live_pods()
+            costs = scalein.deletion_costs([p.name for p in pods], cluster.claimed_by_pod())
+            for pod in pods:
+                pod.cost = costs[pod.name]
+            want = max(want, min(scalein.busy_pods(costs), current))
+        if want != current:
+            cluster.scale(want, by=self.name)
+        cluster.at(now + self.every, lambda: self._tick(cluster))

@@ -48,6 +48,9 @@ class Trace:
     inserts: tuple[Insert, ...]
     #: The static fleet's size for this trace (sized for its peak, see ``static_size``).
     static_replicas: int
+    #: The arrival rate the jobs were drawn from (jobs/s at a time), where the trace has one:
+    #: what a clairvoyant policy knows (the report's bounds).
+    rate: Callable[[float], float] | None = None
 
     @property
     def jobs(self) -> int:
@@ -77,14 +80,24 @@ def static_size(peak_rate: float, concurrency: int = 8, utilisation: float = 0.8
     return max(1, min(100, math.ceil(peak_rate * MEAN_SERVICE_S / (concurrency * utilisation))))
 
 
+#: The step trace's plateaus: (end, as a share of the trace; jobs/s).
+STEP_LEVELS = ((0.125, 1.0), (0.375, 16.0), (0.625, 4.0), (0.875, 24.0), (1.0, 1.0))
+
+
+def step_plateau(t: float, duration: float) -> int:
+    """The index in ``STEP_LEVELS`` of the plateau at time ``t`` (the last one after the end)."""
+    return next(
+        (i for i, (end, _) in enumerate(STEP_LEVELS) if t < end * duration), len(STEP_LEVELS) - 1
+    )
+
+
 def step(seed: int, duration: float = FULL_DURATION) -> Trace:
     """Plateaus of 1, 16, 4, 24 and 1 jobs/s (an eighth, a quarter, a quarter, a quarter and an
     eighth of the trace): sudden rises and falls that then hold."""
     rng = random.Random(f"step-{seed}")
-    levels = ((0.125, 1.0), (0.375, 16.0), (0.625, 4.0), (0.875, 24.0), (1.0, 1.0))
 
     def rate(t: float) -> float:
-        return next(r for end, r in levels if t < end * duration)
+        return STEP_LEVELS[step_plateau(t, duration)][1]
 
     return Trace(
         "step",
@@ -92,6 +105,7 @@ def step(seed: int, duration: float = FULL_DURATION) -> Trace:
         duration,
         tuple(_poisson(rng, rate, 24.0, duration)),
         static_size(24.0),
+        rate,
     )
 
 
@@ -111,6 +125,7 @@ def spike(seed: int, duration: float = FULL_DURATION) -> Trace:
         duration,
         tuple(_poisson(rng, rate, 40.0, duration)),
         static_size(40.0),
+        rate,
     )
 
 
@@ -127,7 +142,12 @@ def diurnal(seed: int, duration: float = FULL_DURATION) -> Trace:
         duration,
         tuple(_poisson(rng, rate, 20.0, duration)),
         static_size(20.0),
+        rate,
     )
+
+
+#: The bursty trace's mean gap between batches (a Poisson process), at full duration.
+BURST_GAP_S = 360.0
 
 
 def bursty(seed: int, duration: float = FULL_DURATION) -> Trace:
@@ -136,7 +156,7 @@ def bursty(seed: int, duration: float = FULL_DURATION) -> Trace:
     rng = random.Random(f"bursty-{seed}")
     inserts = _poisson(rng, lambda _t: 0.5, 0.5, duration)
     t = 0.0
-    gap = 360.0 * duration / FULL_DURATION
+    gap = BURST_GAP_S * duration / FULL_DURATION
     # Nothing in the last tenth: the trace ends quiet, so every policy has drained by its end.
     while (t := t + rng.expovariate(1 / gap)) < duration * 0.9:
         size = rng.randint(200, 1200)

@@ -21,34 +21,51 @@ peak). The HPA-compatible ``behavior`` stays, as the user's explicit limits. In 
 2. **What the pool does.** Each tick differences the stats' finished totals (``completed`` +
    ``dead``) and outstanding count against the previous tick's: jobs finished, jobs arrived
    (``outstanding`` now - before + finished). Time-weighted averages over about a minute give
-   the arrival rate ``lambda``; over about ten minutes the busy slots and the completion rate
-   give the service time ``S = busy / completions`` (Little's law, exact for any job-length
-   distribution). A rise in arrivals well beyond Poisson noise (three standard deviations) in
-   two ticks running is taken at once (a sustained rise), one such tick alone is not (a batch is
-   a backlog, not a rate). A cleanup that lowers the totals skips that tick's sample. The time
-   from a scale-up to its pods being ready is observed too (``startup``, 30 s until seen).
+   the arrival rate ``lambda``, over about three minutes a slower one: their difference is the
+   trend (an average lags its time constant behind a ramp). Over about ten minutes the busy
+   slots and the completion rate give the service time ``S = busy / completions`` (Little's
+   law, exact for any job-length distribution). A rise in arrivals well beyond Poisson noise
+   (three standard deviations) in two ticks running, the second at least 80 % of the first, is
+   a new rate, taken at once at the second tick's (the first straddled the change), at most
+   twice the first's; one such tick alone is not (a batch is a backlog, not a rate; two
+   batches in a row fall off the 80 %, a batch after a tick of noise off the twice). When it
+   leaves more pending jobs than one replica runs it is a *burst*, whose time is kept; a pool
+   whose bursts come less than 600 s apart takes a new rate only from two ticks within 80 %
+   of each other either way (batches a tick apart are likelier there than a new rate). A
+   cleanup that lowers the totals skips that tick's sample. The time from a scale-up to its
+   pods being ready is observed too (``startup``, 30 s until seen).
 
-3. **Recommendation from capacity.** With ``k = targetPerReplica`` slots per replica, the work
-   is ``slots = lambda * S`` (the flow) plus the backlog to clear,
-   ``pending * min(1, S / (horizon - startup))``, where the horizon is ``maxOldestPendingAge``
-   (60 s unset): what new pods must absorb once they are up. The pool then needs, with ``s``
-   spare standard deviations of that work's Poisson noise (square-root staffing)::
+3. **Recommendation from capacity.** With ``k = targetPerReplica`` slots per replica and the
+   age target ``H = maxOldestPendingAge`` (60 s unset):
 
-       need(s) = ceil((slots + s * sqrt(slots)) / k)
-       scale up   when current < need(1),   to need(1.5)
-       scale down when current > need(3),   to need(1.5), never below ceil(claimed / k)
+   - the *flow* is ``lambda+ * S`` slots, ``lambda+`` the rate a pod asked for now will serve:
+     ``lambda`` plus the trend over the average's lag and one start-up;
+   - the *queue* is the pending jobs as they will be when a pod asked for now is ready: the
+     arrivals until then, less what the ready replicas and (from when they will be ready) the
+     starting ones take meanwhile;
+   - that queue must start within ``3/4 H`` of now, served by the whole pool (first in, first
+     out: the newest queued job waits for the jobs ahead of it, not for the flow behind it):
+     ``latency = queue * S / (3/4 H - startup)`` slots, the quarter left a margin for errors
+     in the estimated job time and start-up;
+   - and be worked off by the slots beyond the flow within ``2 H``:
+     ``drain = queue * S / (2 H - startup)`` slots (without it a queue that the flow's slots
+     only keep level makes every later job wait as long).
+
+   Slots for a queue never exceed one per queued job. The pool then needs, with ``s`` spare
+   standard deviations of the work's Poisson noise (square-root staffing)::
+
+       need(s) = ceil(max(flow + drain + s * sqrt(flow + drain), latency) / k)
+       scale up   when current < need(0.75),   to need(1.25)
+       scale down when current > need(2.5),    to need(1.25), never below ceil(claimed / k)
 
    Between the two the count holds: that band is the hysteresis, whole replicas wide at small
    counts, so noise does not flap; at large counts the spare is a small share, so a big pool
-   runs its slots close to full. Ready and starting replicas both count: a pod asked for is
-   capacity once it starts, and the backlog it will find is cleared within the horizon that is
-   left after its start-up; claimed jobs above the flow are backlog being worked off, not
-   demand. Until enough jobs have been seen finish (a new pool; more than twice the claimed
-   jobs, or 50) the recommendation is the HPA's count, ``ceil((pending + claimed) / k)`` --
-   every job a slot at once, the most that can help without knowing how long jobs run.
-   ``behavior.*.tolerance`` set by the user applies as the HPA's tolerance does, on the work
-   per slot: no change while ``1 - scaleDown.tolerance <= slots / (k * current) <= 1 +
-   scaleUp.tolerance``.
+   runs its slots close to full. Until enough jobs have been seen finish (a new pool; more than
+   twice the claimed jobs, or 50) the recommendation is the HPA's count, ``ceil((pending +
+   claimed) / k)`` -- every job a slot at once, the most that can help without knowing how
+   long jobs run. ``behavior.*.tolerance`` set by the user applies as the HPA's tolerance
+   does, on the work per slot: no change while ``1 - scaleDown.tolerance <= work / (k *
+   current) <= 1 + scaleUp.tolerance``.
 
 4. **Latency term.** When the oldest pending job has waited longer than
    ``maxOldestPendingAge``, the pool never scales down, and gets one more replica per tick --
@@ -68,7 +85,10 @@ peak). The HPA-compatible ``behavior`` stays, as the user's explicit limits. In 
    set: no scale-up window, and a 120 s scale-down window (the HPA's 300 s exists because a
    CPU ratio is noisy; the band of step 3 already absorbs noise). Without
    ``behavior.scaleDown``, no scale-down either within 300 s of a scale-up: a scale in the
-   opposite direction that soon undoes it (a flap).
+   opposite direction that soon undoes it (a flap). A pool whose bursts come less than 600 s
+   apart (the median gap between its last six bursts) holds 600 s instead: its replicas bridge
+   the gap to the next burst, which finds them warm, where a scale-in between the two would be
+   undone within five minutes by the next burst (a flap too).
 
 7. **Rate policies and bounds**, exactly as the HPA's ``convertDesiredReplicasWithBehaviorRate``
    for each direction whose ``behavior`` the user set (``Pods``/``Percent`` policies over
@@ -141,15 +161,22 @@ MAX_PERIOD_SECONDS = 1800
 #: Spare slots, in standard deviations of the work's Poisson noise (square-root staffing): the
 #: pool scales up when it has fewer than SPARE_UP, down when it has more than SPARE_DOWN, and
 #: then to SPARE_TARGET.
-SPARE_UP = 1.0
-SPARE_TARGET = 1.5
-SPARE_DOWN = 3.0
-#: Seconds within which a backlog is cleared when ``maxOldestPendingAge`` is not set.
+SPARE_UP = 0.75
+SPARE_TARGET = 1.25
+SPARE_DOWN = 2.5
+#: The age target when ``maxOldestPendingAge`` is not set.
 DEFAULT_CLEAR_SECONDS = 60.0
+#: The share of the age target within which the newest queued job is planned to start (the
+#: rest is margin for errors in the estimated job time and start-up) ...
+QUEUE_WAIT_SHARE = 0.75
+#: ... and the age targets within which the slots beyond the flow work the queue off.
+QUEUE_DRAIN_TARGETS = 2.0
 #: Pod start-up assumed until a scale-up has been seen to become ready.
 DEFAULT_STARTUP_SECONDS = 30.0
-#: Time constants (seconds) of the arrival-rate, service-time and start-up averages.
+#: Time constants (seconds) of the arrival-rate, service-time and start-up averages, and of the
+#: slower arrival average the trend is read against.
 RATE_SECONDS = 60.0
+TREND_SECONDS = 180.0
 SERVICE_SECONDS = 600.0
 STARTUP_WEIGHT = 0.3
 #: Jobs that must have finished (fading count) before a service time is believed, and how many
@@ -158,14 +185,22 @@ MIN_FINISHED = 4.0
 SERVICE_EVIDENCE = 2.0
 #: ... unless this many have been seen finish already.
 ENOUGH_FINISHED = 50
-#: A sample this many Poisson standard deviations above the arrival rate is a rise.
+#: A sample this many Poisson standard deviations above the arrival rate is a rise; a rise two
+#: ticks running, the second at least RISE_AGREE of the first, is a new rate, at most
+#: RISE_GROWTH times the first tick's.
 RISE_SIGMAS = 3.0
+RISE_AGREE = 0.8
+RISE_GROWTH = 2.0
 #: Without ``behavior.scaleDown``: the stabilization window (the highest recommendation of
 #: these last seconds holds) ...
 DEFAULT_SCALE_DOWN_WINDOW_SECONDS = 120
 #: ... and how long a scale-up holds before any scale-down: a scale in the opposite direction
 #: within five minutes is a flap.
 HOLD_SECONDS = 300.0
+#: ... or this long, for a pool whose bursts come closer together than this (the median gap
+#: between the last BURST_MEMORY): the replicas bridge the gap to the next burst.
+BRIDGE_SECONDS = 600.0
+BURST_MEMORY = 6
 
 
 class PolicyType(enum.StrEnum):
@@ -452,6 +487,12 @@ class History:
     #: ratio is the arrival rate.
     arrived: float = 0.0
     arrival_span: float = 0.0
+    #: The same with a memory of ``TREND_SECONDS``: the slow average the trend is read against.
+    arrived_slow: float = 0.0
+    arrival_span_slow: float = 0.0
+    #: When the last bursts began (a rise in arrivals, not sustained, that left more jobs
+    #: pending than one replica runs), oldest first, at most ``BURST_MEMORY``.
+    bursts: tuple[float, ...] = ()
     #: Slot-seconds held by claimed jobs and jobs finished, both fading with a memory of
     #: ``SERVICE_SECONDS``: their ratio is the service time (Little's law).
     held: float = 0.0
@@ -469,6 +510,26 @@ class History:
     def arrival_rate(self) -> float | None:
         """Jobs per second becoming eligible; None before two ticks saw the counts."""
         return self.arrived / self.arrival_span if self.arrival_span > 0 else None
+
+    @property
+    def arrival_trend(self) -> float:
+        """How fast the arrival rate changes, in jobs/s per second (0 until seen): each average
+        lags its time constant behind a ramp, so their difference is the ramp's slope times the
+        difference of the time constants."""
+        if self.arrival_span <= 0 or self.arrival_span_slow <= 0:
+            return 0.0
+        fast = self.arrived / self.arrival_span
+        slow = self.arrived_slow / self.arrival_span_slow
+        return (fast - slow) / (TREND_SECONDS - RATE_SECONDS)
+
+    @property
+    def burst_gap(self) -> float | None:
+        """The median gap between the remembered bursts; None before two were seen."""
+        gaps = sorted(b - a for a, b in zip(self.bursts, self.bursts[1:], strict=False))
+        if not gaps:
+            return None
+        middle = len(gaps) // 2
+        return gaps[middle] if len(gaps) % 2 else (gaps[middle - 1] + gaps[middle]) / 2
 
     @property
     def service_seconds(self) -> float | None:
@@ -544,7 +605,7 @@ def decide(
     if load is None:
         return _fallback(pool, history, now, current)
     history = _watch_startup(history, now, current, ready)
-    history = _observe(history, load, now)
+    history = _observe(history, load, now, pool.target_per_replica)
     return _decide_from_load(load, pool, history, now, current, ready, busy)
 
 
@@ -578,7 +639,7 @@ def _average(previous: float | None, sample: float, weight: float) -> float:
     return sample if previous is None else previous + weight * (sample - previous)
 
 
-def _observe(history: History, load: PoolLoad, now: float) -> History:
+def _observe(history: History, load: PoolLoad, now: float, per_replica: int) -> History:
     """Difference this tick's counts against the last tick's: arrivals, completions, busy."""
     if load.finished is None:
         return history
@@ -599,15 +660,33 @@ def _observe(history: History, load: PoolLoad, now: float) -> History:
     rise = (
         arrived / span if arrived > expected + RISE_SIGMAS * math.sqrt(max(expected, 1.0)) else None
     )
+    # Risen two ticks running, the second no lower than most of the first: a new rate (the
+    # first of the two straddled the change; two batches one after the other fall off). A
+    # pool whose bursts come close together takes it only from two ticks that agree either
+    # way: there, batches a tick apart are likelier than a new rate.
+    new_rate: float | None = None
+    if rise is not None and last.rise is not None:
+        gap = history.burst_gap
+        bursty = gap is not None and gap < BRIDGE_SECONDS
+        if rise >= RISE_AGREE * last.rise and (not bursty or RISE_AGREE * rise <= last.rise):
+            # This tick's, at most twice the first's: a batch after a tick of noise is no rate.
+            new_rate = min(rise, RISE_GROWTH * last.rise)
     counted = arrived
-    if rate is not None and rise is not None and last.rise is None:
+    if rate is not None and rise is not None:
         # A rise seen once may be a batch: a backlog (which the recommendation counts), not a
         # rate. Only what the rate expected counts, unless the next tick sees a rise too.
-        counted = round(expected)
+        counted = round(expected) if new_rate is None else min(arrived, round(new_rate * span))
     total, seconds = history.arrived * fade + counted, history.arrival_span * fade + span
-    if rate is not None and rise is not None and last.rise is not None:
-        # Risen two ticks running: a new rate, not a batch; the lower of the two, at once.
-        total = max(total, min(rise, last.rise) * seconds)
+    fade = math.exp(-span / TREND_SECONDS)
+    slow = history.arrived_slow * fade + counted
+    slow_seconds = history.arrival_span_slow * fade + span
+    if rate is not None and new_rate is not None:
+        # A new rate, at once; both averages take it: a step is no trend.
+        total = max(total, new_rate * seconds)
+        slow = max(slow, new_rate * slow_seconds)
+    bursts = history.bursts
+    if rise is not None and last.rise is None and load.demand > per_replica:
+        bursts = (*bursts, now)[-BURST_MEMORY:]
     fade = math.exp(-span / SERVICE_SECONDS)
     held = history.held * fade + (load.claimed + last.claimed) / 2 * span
     done = history.finished * fade + finished
@@ -616,6 +695,9 @@ def _observe(history: History, load: PoolLoad, now: float) -> History:
         sample=replace(sample, rise=rise),
         arrived=total,
         arrival_span=seconds,
+        arrived_slow=slow,
+        arrival_span_slow=slow_seconds,
+        bursts=bursts,
         held=held,
         finished=done,
         finished_seen=history.finished_seen + finished,
@@ -666,7 +748,12 @@ def _tolerances(behavior: Behavior, default: float) -> tuple[float, float]:
 
 
 def _recommend(
-    load: PoolLoad, pool: PoolScaling, history: History, current: int, ready: int | None
+    load: PoolLoad,
+    pool: PoolScaling,
+    history: History,
+    now: float,
+    current: int,
+    ready: int | None,
 ) -> tuple[int, Reason, str]:
     """The unstabilized recommendation (steps 2-5 of the module docstring)."""
     if not _is_active(load, pool):
@@ -695,27 +782,37 @@ def _recommend(
         )
         tolerance_up, tolerance_down = _tolerances(pool.behavior, DEFAULT_TOLERANCE)
     else:
-        rate = history.arrival_rate or 0.0
         horizon = pool.max_oldest_pending_age or DEFAULT_CLEAR_SECONDS
         startup = history.startup_seconds or DEFAULT_STARTUP_SECONDS
-        # The steady flow, and the backlog spread over the horizon left once new pods are up.
+        # The rate a pod asked for now will serve: the average lags RATE_SECONDS behind a
+        # trend, and the pod is ready a start-up from now.
+        rate = max(
+            0.0, (history.arrival_rate or 0.0) + history.arrival_trend * (RATE_SECONDS + startup)
+        )
         # Claimed jobs above the flow are backlog being worked off: they free their slots
         # within a job's time, so they only keep the pool from shrinking below them.
-        in_flight = rate * service
-        backlog = load.demand * min(1.0, service / max(horizon - startup, 1.0))
-        slots = work = in_flight + backlog
+        flow = rate * service
+        queue = _queue_when_ready(load, history, now, current, ready, rate, service, k, startup)
+        wait = QUEUE_WAIT_SHARE * horizon
+        # First in, first out: the newest queued job waits for the queue ahead of it, served
+        # by the whole pool; the slots beyond the flow work the queue off. Never more slots
+        # than queued jobs: more shortens no wait.
+        latency = queue * min(1.0, service / max(wait - startup, 1.0))
+        drain = queue * min(1.0, service / max(QUEUE_DRAIN_TARGETS * horizon - startup, 1.0))
+        slots = flow + drain
+        work = max(slots, latency)
 
         def need(spare: float) -> int:
             # Square-root staffing: slots for the work plus `spare` of its Poisson noise.
-            return math.ceil((slots + spare * math.sqrt(slots)) / k - 1e-9)
+            return math.ceil(max(slots + spare * math.sqrt(slots), latency) / k - 1e-9)
 
         up, target, down = need(SPARE_UP), need(SPARE_TARGET), need(SPARE_DOWN)
         target = max(target, math.ceil(load.claimed / k))
         down = max(down, target)
         counted = (
             f"{rate:.2f} jobs/s arriving, {service:.1f} s each, {load.claimed} claimed, "
-            f"{load.demand} pending to clear within {horizon:g} s: {slots:.0f} busy slots of "
-            f"{k} per replica"
+            f"{load.demand} pending ({queue:.0f} once new replicas are up, to start within "
+            f"{wait:g} s): {work:.0f} busy slots of {k} per replica"
         )
         tolerance_up, tolerance_down = _tolerances(pool.behavior, 0.0)
     # The HPA's tolerance, on the work per slot: no change while it is close enough to 1.
@@ -751,6 +848,33 @@ def _recommend(
     return recommendation, reason, message
 
 
+def _queue_when_ready(
+    load: PoolLoad,
+    history: History,
+    now: float,
+    current: int,
+    ready: int | None,
+    rate: float,
+    service: float,
+    k: int,
+    startup: float,
+) -> float:
+    """The pending jobs as they will be when a replica asked for now is ready: the arrivals
+    until then, less what the ready replicas take meanwhile and the starting ones from when
+    they will be ready (all slots busy while there is a queue: first in, first out)."""
+    serving = current if ready is None else min(ready, current)
+    # The starting replicas are taken as asked for at the last scale-up; late ones as needing
+    # another whole start-up (a pod that does not come up must not count as capacity).
+    until = 0.0
+    if serving < current:
+        until = startup
+        if history.starting is not None:
+            left = history.starting[0] + startup - now
+            until = left if 0.0 < left < startup else startup
+    queue = max(0.0, load.demand + (rate - k * serving / service) * until)
+    return max(0.0, queue + (rate - k * current / service) * (startup - until))
+
+
 def _decide_from_load(
     load: PoolLoad,
     pool: PoolScaling,
@@ -763,7 +887,7 @@ def _decide_from_load(
     active = _is_active(load, pool)
     if active:
         history = replace(history, last_active=now)
-    raw, reason, message = _recommend(load, pool, history, current, ready)
+    raw, reason, message = _recommend(load, pool, history, now, current, ready)
     behavior = pool.behavior
 
     if current > pool.max_replicas or current < pool.min_replicas:
@@ -822,15 +946,20 @@ def _decide_from_load(
         # window or a Disabled scale-up must not keep an active pool asleep.
         replicas = 1
     since_up = now - history.scaled_up_at if history.scaled_up_at is not None else math.inf
+    hold, why = HOLD_SECONDS, "after the last scale-up"
+    gap = history.burst_gap
+    if gap is not None and gap < BRIDGE_SECONDS:
+        hold, why = BRIDGE_SECONDS, f"after the last scale-up (bursts come {gap:.0f}s apart)"
     if (
         replicas < current
         and behavior.scale_down is None
-        and since_up < HOLD_SECONDS
+        and since_up < hold
         and not (current == 1 and replicas == 0)
     ):
-        # A scale-down this soon after a scale-up would undo it (a flap): it waits.
+        # A scale-down this soon after a scale-up would undo it (a flap), or be undone by the
+        # next burst: it waits.
         replicas, reason = current, Reason.SCALE_DOWN_STABILIZED
-        message = f"{message}; held {HOLD_SECONDS - since_up:.0f}s more after the last scale-up"
+        message = f"{message}; held {hold - since_up:.0f}s more {why}"
     if busy is not None and replicas < min(busy, current):
         spared = min(busy, current)
         message = (

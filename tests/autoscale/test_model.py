@@ -9,11 +9,12 @@ import itertools
 
 import pytest
 from bench.autoscale.keda import Hpa, Keda
-from bench.autoscale.metrics import flaps, measure, quantile
-from bench.autoscale.model import DRAINING, Cluster, WorkerSpec
-from bench.autoscale.policies import Static, VenturiOperator
+from bench.autoscale.metrics import flaps, measure, quantile, reversals
+from bench.autoscale.model import DRAINING, Cluster, Placement, WorkerSpec
+from bench.autoscale.policies import Clairvoyant, Static, VenturiOperator
 from bench.autoscale.run import one
-from bench.autoscale.traces import Insert, Trace, constant
+from bench.autoscale.traces import Insert, Trace, constant, step
+from bench.autoscale.variants import fewer_on
 
 WORKER = WorkerSpec()
 
@@ -73,6 +74,22 @@ def test_scale_in_deletes_starting_pods_then_the_cheapest() -> None:
     assert sorted(p.name for p in cluster.pods) == sorted([ready[0].name, ready[2].name])
 
 
+def test_packed_placement_gives_a_job_to_the_busiest_pod_with_a_free_slot() -> None:
+    """Ten jobs at three idle pods of 8 slots: the race spreads them; packing fills one pod,
+    then the next."""
+
+    def holders(placement: Placement) -> list[int]:
+        jobs = trace(*(job(1.0 + i / 10, 100.0) for i in range(10)))
+        cluster = Cluster(jobs, WORKER, seed=1, initial_replicas=3, placement=placement)
+        seen: list[int] = []
+        cluster.at(50.0, lambda: seen.extend(sorted(len(p.jobs) for p in cluster.pods)))
+        cluster.run(Static(3))
+        return seen
+
+    assert holders("packed") == [0, 2, 8]
+    assert holders("random") != [0, 2, 8]
+
+
 def test_a_drained_pod_finishes_short_jobs_and_reruns_the_rest() -> None:
     worker = WorkerSpec(shutdown_timeout_s=30.0, grace_s=45.0)
     jobs = trace(job(1.0, 10.0), job(1.0, 100.0), duration=400.0)
@@ -128,6 +145,13 @@ def test_runs_are_deterministic_per_seed_and_differ_across_seeds() -> None:
 def test_flaps_are_reversals_within_five_minutes() -> None:
     events = [(0.0, 0, 4), (60.0, 4, 8), (200.0, 8, 2), (600.0, 2, 6), (700.0, 6, 5)]
     assert flaps(events) == [200.0, 700.0]
+    later = [(0.0, 0, 4), (200.0, 4, 2), (450.0, 2, 6)]
+    assert reversals(events + [(e[0] + 1000.0, *e[1:]) for e in later]) == [
+        (200.0, "up-down"),
+        (700.0, "up-down"),
+        (1200.0, "up-down"),
+        (1450.0, "down-up"),
+    ]
 
 
 def test_quantile_is_nearest_rank() -> None:
@@ -204,6 +228,34 @@ def test_keda_cooldown_holds_the_last_replica_300_s_after_the_last_activity() ->
     (up_at, _, _), (down_at, _, to) = cluster.counters.scale_events
     assert to == 0
     assert 300.0 < down_at - up_at <= 300.0 + 2 * 30.0
+
+
+# --- the clairvoyant bound ------------------------------------------------------------------
+
+
+def test_the_clairvoyant_starts_pods_a_start_up_early_and_removes_them_at_the_fall() -> None:
+    """A rate of 1 job/s, 16 from 100 s to 200 s: two pods, 19 asked for at 85 s (ready at the
+    rise), back to two at 200 s."""
+
+    def replicas_at(t: float) -> int:
+        return 19 if 100.0 <= t < 200.0 else 2
+
+    cluster = Cluster(trace(duration=300.0), WORKER, seed=1, initial_replicas=2)
+    cluster.run(Clairvoyant("c", replicas_at, lead=15.0, spare_busy_pods=False))
+    assert cluster.counters.scale_events == [(85.0, 2, 19), (200.0, 19, 2)]
+
+
+def test_the_step_bound_runs_each_plateau_at_its_fewest_stable_count() -> None:
+    from bench.autoscale.run import autoscaler
+
+    load = step(1, 7200.0)
+    scaler, initial = autoscaler("clairvoyant", load, 1)
+    assert isinstance(scaler, Clairvoyant)
+    plateaus = [scaler.replicas_at(t) for t in (100.0, 1000.0, 3000.0, 5000.0, 7000.0)]
+    assert (initial, plateaus) == (2, [2, 19, 5, 28, 2])
+    fewer, _ = autoscaler(fewer_on(3), load, 1)
+    assert isinstance(fewer, Clairvoyant)
+    assert [fewer.replicas_at(t) for t in (3000.0, 5000.0)] == [5, 27]
 
 
 # --- venturi's operator, driven like the reconcile loop ------------------------------------
