@@ -111,18 +111,30 @@ def summarize(values: Sequence[float]) -> Summary | None:
 
 @dataclass(frozen=True)
 class ProcSample:
-    """What /proc says about one process at one instant."""
+    """What /proc says about one process and its descendants at one instant."""
 
     rss_peak_bytes: int  # VmHWM: the kernel's own high-water mark, so no peak is missed
     rss_bytes: int
     cpu_seconds: float  # user + system time
+    processes: int = 1  # a worker with a process pool (Celery's prefork) is several
 
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 _PAGE_KB = 1024
 
 
-def read_proc(pid: int) -> ProcSample:
+def _descendants(pid: int) -> list[int]:
+    found = [pid]
+    for current in found:
+        for task in Path(f"/proc/{current}/task").glob("*/children"):
+            try:
+                found += [int(child) for child in task.read_text().split()]
+            except OSError:
+                continue
+    return found
+
+
+def _read_one(pid: int) -> ProcSample:
     status: dict[str, int] = {}
     with open(f"/proc/{pid}/status") as fh:
         for line in fh:
@@ -137,4 +149,23 @@ def read_proc(pid: int) -> ProcSample:
         rss_peak_bytes=status.get("VmHWM", 0),
         rss_bytes=status.get("VmRSS", 0),
         cpu_seconds=(utime + stime) / _CLOCK_TICKS,
+    )
+
+
+def read_proc(pid: int) -> ProcSample:
+    """The process ``pid`` plus every live descendant, summed. For one process this is its
+    own figures; for a pool of forked processes the sum of their peaks counts the pages they
+    share once per process, an upper bound of their memory."""
+    samples = []
+    for each in _descendants(pid):
+        try:
+            samples.append(_read_one(each))
+        except (OSError, IndexError, ValueError):
+            if each == pid:
+                raise
+    return ProcSample(
+        rss_peak_bytes=sum(s.rss_peak_bytes for s in samples),
+        rss_bytes=sum(s.rss_bytes for s in samples),
+        cpu_seconds=sum(s.cpu_seconds for s in samples),
+        processes=len(samples),
     )

@@ -23,20 +23,44 @@ class AdapterError(RuntimeError):
     """An adapter process failed, answered with an error, or went silent."""
 
 
+class EventTimeout(AdapterError):
+    """A worker is alive but has not sent the awaited event in time."""
+
+
 @dataclass(frozen=True)
 class SystemEnv:
-    """Where a system's adapter runs: its venv's python and the module to start."""
+    """How to start one system's adapter: a command (a venv's ``python -m bench.adapters
+    SYSTEM``, a Go binary, ``node adapter.mjs``) that takes the role and its options after it,
+    plus the environment variables it needs beside the harness's own."""
 
     name: str
-    python: Path
-    pythonpath: Path  # a directory holding only a ``bench`` link, so nothing else shadows
+    command: tuple[str, ...]
     logdir: Path
+    extra_env: tuple[tuple[str, str], ...] = ()
+
+    @classmethod
+    def python(
+        cls,
+        name: str,
+        python: Path,
+        pythonpath: Path,
+        logdir: Path,
+        *,
+        adapter: str | None = None,
+        extra_env: tuple[tuple[str, str], ...] = (),
+    ) -> SystemEnv:
+        # ``pythonpath`` is a directory holding only a ``bench`` link, so nothing else of the
+        # repository can shadow a module inside the venv.
+        return cls(
+            name,
+            (str(python), "-m", "bench.adapters", adapter or name),
+            logdir,
+            (("PYTHONPATH", str(pythonpath)), ("PYTHONDONTWRITEBYTECODE", "1"), *extra_env),
+        )
 
     def env(self) -> dict[str, str]:
         env = {k: v for k, v in os.environ.items() if not k.startswith("PYTHON")}
-        env["PYTHONPATH"] = str(self.pythonpath)
-        # Keep compiled files out of the repository's bench/ directory.
-        env["PYTHONDONTWRITEBYTECODE"] = "1"
+        env.update(self.extra_env)
         return env
 
 
@@ -50,10 +74,7 @@ async def _spawn(env: SystemEnv, args: list[str], log_name: str) -> asyncio.subp
     log = _open_log(env, log_name)
     try:
         return await asyncio.create_subprocess_exec(
-            str(env.python),
-            "-m",
-            "bench.adapters",
-            env.name,
+            *env.command,
             *args,
             stdin=asyncio.subprocess.PIPE,
             stdout=asyncio.subprocess.PIPE,
@@ -162,7 +183,7 @@ class WorkerProcess:
         while True:
             remaining = deadline - asyncio.get_running_loop().time()
             if remaining <= 0:
-                raise AdapterError(f"{self._name}: no '{name}' from the worker in {within:.0f}s")
+                raise EventTimeout(f"{self._name}: no '{name}' from the worker in {within:.0f}s")
             try:
                 line = await asyncio.wait_for(self._proc.stdout.readline(), timeout=remaining)
             except TimeoutError:
@@ -175,6 +196,7 @@ class WorkerProcess:
                 return event
 
     def sample(self) -> ProcSample:
+        # The worker and every process it started (Celery's prefork pool).
         return read_proc(self._proc.pid)
 
     async def stop(self, within: float = 60.0) -> dict[str, Any]:

@@ -25,21 +25,22 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench import ceiling, report, venvs
+from bench import ceiling, redis_server, report, systems
 from bench.pg import PrivateServer, find_bindir
 from bench.processes import ControlProcess, SystemEnv
+from bench.redis_server import PrivateRedis
 from bench.scenarios import Outcome, Plan, Runner
+from bench.systems import SYSTEMS
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
-SYSTEMS = ("venturi", "pgqueuer", "procrastinate")
-PEERS = ("pgqueuer", "procrastinate")
 SCENARIOS = (
     "drain_c1",
     "drain_c16",
     "enqueue_sequential",
     "enqueue_bulk100",
     "enqueue_bulk1000",
+    "pickup_c1",
     "pickup",
     "backlog",
     "ceiling",
@@ -100,11 +101,11 @@ def main(argv: list[str] | None = None) -> int:
         overrides["backlog_big"] = args.backlog
     plan = Plan(**{**plan.as_dict(), **overrides})
     if args.systems:
-        systems = list(args.systems)
+        selected = list(args.systems)
     elif args.no_peers:
-        systems = ["venturi"]
+        selected = ["venturi"]
     else:
-        systems = list(SYSTEMS)
+        selected = list(SYSTEMS)
     scenarios = list(args.only or SCENARIOS)
     workdir = Path(tempfile.mkdtemp(prefix="venturi-bench-run-"))
     out = args.out or (workdir if args.quick else BENCH)
@@ -119,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"bench: workdir {workdir}", flush=True)
     ok = False
     try:
-        asyncio.run(_run(args, plan, systems, scenarios, workdir, out))
+        asyncio.run(_run(args, plan, selected, scenarios, workdir, out))
         ok = True
     except KeyboardInterrupt:
         print("bench: interrupted", file=sys.stderr)
@@ -134,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
 async def _run(
     args: argparse.Namespace,
     plan: Plan,
-    systems: list[str],
+    selected: list[str],
     scenarios: list[str],
     workdir: Path,
     out: Path,
@@ -146,7 +147,7 @@ async def _run(
             "mode": "quick" if args.quick else "full",
             "started": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
             "plan": plan.as_dict(),
-            "systems": systems,
+            "systems": selected,
             "scenarios": scenarios,
             "machine": machine(),
             "git": git_revision(args.venturi_from),
@@ -156,17 +157,28 @@ async def _run(
         "ceiling": [],
         "unavailable": {},
     }
-    envs = await prepare_envs(
-        systems, workdir, upgrade=not args.no_upgrade, source=args.venturi_from, results=results
-    )
-    server = PrivateServer(await asyncio.to_thread(find_bindir))
-    await asyncio.to_thread(server.start)
+    redis: PrivateRedis | None = None
+    server: PrivateServer | None = None
     try:
+        if systems.needs_redis(selected):
+            redis = PrivateRedis(await asyncio.to_thread(redis_server.find_binary))
+            await asyncio.to_thread(redis.start)
+            results["meta"]["redis"] = await asyncio.to_thread(redis.describe)
+        envs = await prepare_envs(
+            selected,
+            workdir,
+            upgrade=not args.no_upgrade,
+            source=args.venturi_from,
+            results=results,
+            redis_url=redis.url if redis else None,
+        )
+        server = PrivateServer(await asyncio.to_thread(find_bindir))
+        await asyncio.to_thread(server.start)
         results["meta"]["postgres"] = await asyncio.to_thread(server.describe)
         results["meta"]["versions"] = await collect_versions(server, envs)
         runner = Runner(server, envs, plan, workdir)
         for rep in range(plan.reps):
-            order = systems[rep % len(systems) :] + systems[: rep % len(systems)]
+            order = selected[rep % len(selected) :] + selected[: rep % len(selected)]
             for scenario in scenarios:
                 if scenario == "ceiling":
                     print(f"bench: rep {rep + 1}/{plan.reps} ceiling", flush=True)
@@ -186,7 +198,12 @@ async def _run(
                     results["records"].append(record)
                     _save(results, out)
     finally:
-        await asyncio.to_thread(server.stop)
+        # Every server this run started is stopped here, also on SIGTERM/Ctrl-C (the adapter
+        # processes were stopped by the scenarios' own finally blocks before this runs).
+        if server is not None:
+            await asyncio.to_thread(server.stop)
+        if redis is not None:
+            await asyncio.to_thread(redis.stop)
         results["meta"]["load_after"] = os.getloadavg()
         results["meta"]["duration_s"] = round(time.monotonic() - started, 1)
         _save(results, out)
@@ -197,9 +214,12 @@ async def _run(
 async def run_one(
     runner: Runner, scenario: str, system: str, rep: int, plan: Plan
 ) -> dict[str, Any]:
+    record: dict[str, Any] = {"scenario": scenario, "system": system, "rep": rep}
+    if (why := systems.not_applicable(system, scenario)) is not None:
+        record.update(metrics={}, skipped={"*": why}, info={}, seconds=0.0)
+        return record
     print(f"bench: rep {rep + 1}/{plan.reps} {scenario} {system}", flush=True)
     began = time.monotonic()
-    record: dict[str, Any] = {"scenario": scenario, "system": system, "rep": rep}
     try:
         outcome: Outcome
         if scenario.startswith("drain_c"):
@@ -209,7 +229,9 @@ async def run_one(
         elif scenario.startswith("enqueue_bulk"):
             outcome = await runner.enqueue(system, int(scenario.removeprefix("enqueue_bulk")))
         elif scenario == "pickup":
-            outcome = await runner.pickup(system)
+            outcome = await runner.pickup(system, plan.pickup_concurrency)
+        elif scenario == "pickup_c1":
+            outcome = await runner.pickup(system, 1)
         elif scenario == "backlog":
             outcome = await runner.backlog(system)
         else:
@@ -224,32 +246,39 @@ async def run_one(
 
 
 async def prepare_envs(
-    systems: list[str], workdir: Path, *, upgrade: bool, source: str, results: dict[str, Any]
+    selected: list[str],
+    workdir: Path,
+    *,
+    upgrade: bool,
+    source: str,
+    results: dict[str, Any],
+    redis_url: str | None,
 ) -> dict[str, SystemEnv]:
-    # The adapters import ``bench`` from a directory that holds nothing else, so no other
-    # top-level directory of the repository can shadow a module inside the venvs.
+    # The Python adapters import ``bench`` from a directory that holds nothing else, so no
+    # other top-level directory of the repository can shadow a module inside the venvs.
     pythonpath = workdir / "pythonpath"
     pythonpath.mkdir()
     (pythonpath / "bench").symlink_to(BENCH)
     envs = {}
-    for system in systems:
+    for system in selected:
         print(f"bench: preparing the {system} environment", flush=True)
         try:
-            python = await asyncio.to_thread(
-                venvs.ensure,
+            envs[system] = await asyncio.to_thread(
+                systems.prepare,
                 system,
-                REPO,
+                repo=REPO,
+                workdir=workdir,
+                pythonpath=pythonpath,
                 upgrade=upgrade,
-                log=workdir / "venvs.log",
                 source=source,
+                redis_url=redis_url,
             )
         except Exception as exc:
             if system == "venturi":
                 raise
             # A peer that cannot be installed is reported, not fatal (peers are optional).
             results["unavailable"][system] = f"{type(exc).__name__}: {exc}"
-            continue
-        envs[system] = SystemEnv(system, python, pythonpath, workdir / "logs")
+            traceback.print_exc()
     return envs
 
 

@@ -1,10 +1,10 @@
 """One virtual environment per measured system, cached outside the repository.
 
-Each system is installed the same way: from PyPI at its newest version for the peers, from
+Each system is installed the same way: from PyPI at the version pinned here for the peers, from
 this repository for venturi (its committed HEAD by default: other people edit the working tree
 while a run goes on; ``worktree`` source measures uncommitted code). The environments live under
 ``~/.cache/venturi-bench/venvs`` (``VENTURI_BENCH_CACHE`` overrides) and are recreated when
-missing; every run upgrades them so peers are measured at their newest release.
+missing; every run re-applies the pins (a no-op when they are met), ``--no-upgrade`` skips that.
 """
 
 from __future__ import annotations
@@ -18,21 +18,30 @@ from pathlib import Path
 
 # What goes into each environment besides the system's own adapter code (which is imported
 # from this repository's ``bench`` package through PYTHONPATH).
+# Pinned, so that a run measures what its RESULTS.md names and two runs measure the same code;
+# raise a pin to measure a newer release.
 PEER_REQUIREMENTS: dict[str, list[str]] = {
-    # asyncpg is pgqueuer's fastest driver and the one its performance guide uses.
-    "pgqueuer": ["pgqueuer", "asyncpg"],
+    # asyncpg is pgqueuer's fastest driver and the one its performance guide uses; uvloop is a
+    # dependency of pgqueuer itself (its CLI runs on it).
+    "pgqueuer": ["pgqueuer==1.6.0", "asyncpg==0.32.0"],
     # psycopg[binary]: the libpq C implementation instead of psycopg's pure-Python one.
-    "procrastinate": ["procrastinate", "psycopg[binary]"],
+    "procrastinate": ["procrastinate==3.10.0", "psycopg[binary]==3.3.9"],
+    # Celery with its Redis transport (the ``redis`` extra pins a compatible redis-py).
+    "celery": ["celery[redis]==5.7.0"],
 }
 
 # What a build of the venturi distribution needs from the repository (see pyproject.toml).
 _VENTURI_SOURCES = ("pyproject.toml", "README.md", "runtime", "operator")
 
 
-def cache_root() -> Path:
+def cache_base() -> Path:
+    """Everything the harness installs lives under here, never in the repository."""
     override = os.environ.get("VENTURI_BENCH_CACHE")
-    base = Path(override) if override else Path.home() / ".cache" / "venturi-bench"
-    return base / "venvs"
+    return Path(override) if override else Path.home() / ".cache" / "venturi-bench"
+
+
+def cache_root() -> Path:
+    return cache_base() / "venvs"
 
 
 def python_of(venv: Path) -> Path:

@@ -66,7 +66,7 @@ from conftest import (
     wait_until,
     worker_env,
 )
-from venturi import JobFilter, JobStatus, Task
+from venturi import JobFilter, JobStatus, Priority, Task
 from venturi.embedded import EmbeddedPostgres
 
 QUEUE = "e2e-queue"
@@ -83,6 +83,8 @@ MAX_AGE = 10  # maxOldestPendingAge, seconds: the backlog waits longer than this
 
 BACKLOG = 100  # e2e_sleep jobs
 SLEEP_SECONDS = 0.3
+LONG = 2  # e2e_sleep jobs that outlast the backlog's drain: they keep one pod busy at scale-in
+LONG_SECONDS = 30.0
 DEAD_SEEDED = 3  # e2e_fail jobs killed before the JobQueue exists
 DEAD_IN_BACKLOG = 2  # e2e_fail jobs in the backlog
 
@@ -171,13 +173,16 @@ def worker_deployment(name: str, queue: str) -> Object:
             "template": {
                 "metadata": {"labels": labels},
                 "spec": {
+                    # Above the worker's shutdown_timeout (10 s, e2e/app.py): a removed pod
+                    # drains instead of being killed.
+                    "terminationGracePeriodSeconds": 15,
                     "containers": [
                         {
                             "name": "worker",
                             "image": "registry.invalid/venturi/e2e-worker:0",
                             "command": ["venturi", "worker", "e2e.app:make_worker"],
                         }
-                    ]
+                    ],
                 },
             },
         },
@@ -236,12 +241,22 @@ def metric_value(text: str, name: str, **labels: str) -> float | None:
     return None
 
 
-def start_worker(processes: Processes, name: str, dsn: str, metrics_port: int) -> Proc:
-    return processes.start(
-        name,
-        [venturi_bin("venturi"), "worker", "e2e.app:make_worker"],
-        env=worker_env(dsn, metrics_port),
-    )
+def start_worker(
+    processes: Processes, name: str, dsn: str, metrics_port: int, pod: str | None = None
+) -> Proc:
+    env = worker_env(dsn, metrics_port)
+    if pod is not None:
+        env["POD_NAME"] = pod  # its claims count for that (kwok) pod of the Deployment
+    return processes.start(name, [venturi_bin("venturi"), "worker", "e2e.app:make_worker"], env=env)
+
+
+def worker_pods(kubectl: Kubectl) -> dict[str, Object]:
+    selector = f"app.kubernetes.io/name={DEPLOYMENT}"
+    items = kubectl.json("get", "pods", "-n", APPS_NS, "-l", selector)["items"]
+    return {p["metadata"]["name"]: p for p in items}
+
+
+DELETION_COST = "controller.kubernetes.io/pod-deletion-cost"
 
 
 def stop_worker(processes: Processes, proc: Proc) -> None:
@@ -285,6 +300,7 @@ def test_01_chart_installed_and_accepted(
         ("venturi.dev", "jobqueues/status"),
         ("apps", "deployments"),
         ("apps", "deployments/scale"),
+        ("", "pods"),
         ("", "secrets"),
         ("", "events"),
     } <= granted
@@ -361,6 +377,10 @@ def test_02_operator_runs_with_the_chart_serviceaccount(
         ("get", f"secret/{SECRET}", "-n", APPS_NS),
         ("get", f"secret/{MISSING_SECRET}", "-n", APPS_NS),
         ("create", "events", "-n", APPS_NS),
+        # pod-deletion-cost on the worker pods before a scale-in
+        ("get", "pods", "-n", APPS_NS),
+        ("list", "pods", "-n", APPS_NS),
+        ("patch", "pods", "-n", APPS_NS),
     ]
     denied = [
         ("patch", "deployments.apps", "-n", APPS_NS),  # scale subresource only
@@ -374,6 +394,10 @@ def test_02_operator_runs_with_the_chart_serviceaccount(
         ("get", "secrets", "-n", OPERATOR_NS),
         ("list", "namespaces"),
         ("list", "customresourcedefinitions.apiextensions.k8s.io"),
+        ("delete", "pods", "-n", APPS_NS),  # the ReplicaSet deletes pods, not the operator
+        ("create", "pods", "-n", APPS_NS),
+        ("patch", "pods", "-n", "default"),
+        ("list", "pods", "-n", OPERATOR_NS),
     ]
     for args in allowed:
         assert can_i(kubectl, sa_kubeconfig, *args), f"the chart's RBAC should allow {args}"
@@ -728,11 +752,29 @@ def test_07_workers_drain_the_queue_and_the_pool_goes_to_zero(
     operator: Operator,
     postgres: EmbeddedPostgres,
 ) -> None:
+    # The first worker claims as one of the Deployment's (kwok) pods, and holds two long jobs
+    # through the drain: the operator must see that pod as busy, and spare it, at a scale-in.
+    busy_pod = sorted(worker_pods(kubectl))[0]
+    db.call(
+        db.queue.enqueue_many(
+            [Sleep(seconds=LONG_SECONDS) for _ in range(LONG)], priority=Priority.HIGH
+        )
+    )
+    first = start_worker(processes, "worker-1", db.dsn, ports.workers[0], busy_pod)
+    wait_until(
+        "the first worker holds the long jobs",
+        lambda: db.call(db.queue.claimed_by_pod()).get(busy_pod) == LONG,
+        timeout=30,
+    )
     workers = [
-        start_worker(processes, f"worker-{i + 1}", db.dsn, port)
-        for i, port in enumerate(ports.workers)
+        first,
+        *(
+            start_worker(processes, f"worker-{i + 2}", db.dsn, port)
+            for i, port in enumerate(ports.workers[1:])
+        ),
     ]
     samples: list[Sample] = []
+    scale_in: dict[str, Object] = {}  # the worker pods just after the first scale-in
 
     def sample() -> Sample:
         for w in workers:
@@ -740,6 +782,8 @@ def test_07_workers_drain_the_queue_and_the_pool_goes_to_zero(
                 raise Abort(f"{w.name} exited:\n{w.tail()}")
         stats = db.stats()
         s = Sample(time.time(), stats.pending, stats.claimed, replicas(kubectl))
+        if not scale_in and samples and s.replicas < samples[-1].replicas:
+            scale_in.update(worker_pods(kubectl))
         samples.append(s)
         return s
 
@@ -766,6 +810,18 @@ def test_07_workers_drain_the_queue_and_the_pool_goes_to_zero(
     assert len(busy) >= 3, f"the drain was not observed: {samples[:5]}"
     unserved = [s for s in busy if s.replicas == 0]
     assert not unserved, f"the Deployment was at 0 while jobs were claimed: {unserved}"
+
+    # Before the first scale-in the operator marked every pod with the jobs it held: the busy
+    # one costs more than the idle ones, and the ReplicaSet took idle pods.
+    assert scale_in, "no scale-in was observed"
+    costs = {
+        n: p["metadata"].get("annotations", {}).get(DELETION_COST) for n, p in scale_in.items()
+    }
+    assert None not in costs.values(), f"pods without a deletion cost at a scale-in: {costs}"
+    leaving = {n for n, p in scale_in.items() if p["metadata"].get("deletionTimestamp")}
+    assert costs.get(busy_pod) == str(LONG), (busy_pod, costs)
+    assert busy_pod not in leaving, (busy_pod, costs, leaving)
+    assert all(costs[n] == "0" for n in leaving), (costs, leaving)
     after = [s for s in samples if s.at >= drained_sample.at]
     assert any(s.replicas == 1 for s in after), (
         "expected the last replica to be held during the cooldown",
@@ -809,7 +865,7 @@ def test_07_workers_drain_the_queue_and_the_pool_goes_to_zero(
     completed = db.call(
         db.queue.jobs(JobFilter(status=JobStatus.COMPLETED, kind=SLEEP_KIND, limit=1000))
     )
-    assert len(completed) == BACKLOG
+    assert len(completed) == BACKLOG + LONG
     assert db.stats().dead_by_kind == {FAIL_KIND: DEAD_SEEDED + DEAD_IN_BACKLOG}
     state.extra["samples"] = len(samples)
     # The replica changes the operator made (for the monitoring checks), against its Events.
@@ -822,7 +878,8 @@ def test_07_workers_drain_the_queue_and_the_pool_goes_to_zero(
         )
     )
     scaled = events(kubectl, QUEUE, "Scaled")
-    assert made == sum(int(e.get("count") or 1) for e in scaled) >= 4, (made, scaled)
+    # Up in one step, down to what the long jobs hold, then to zero.
+    assert made == sum(int(e.get("count") or 1) for e in scaled) >= 3, (made, scaled)
     state.extra["scale_events"] = made
     print(f"drain: {len(samples)} samples, {len(busy)} with claimed jobs; timeline {timeline}")
 

@@ -9,8 +9,11 @@ An adapter process runs inside one system's virtual environment, in one of two r
   CPU. Every no-op handler calls :meth:`JobRecorder.record` first; events (``ready``,
   ``reached``, ``stopped``) go to stdout as JSON lines; a ``stop`` line or EOF on stdin stops it.
 
-Each system only supplies the thin :class:`System` subclass: how to install, enqueue, run a
-worker and read its own table. The loops, clocks and timings are here, identical for all.
+Each Python system only supplies the thin :class:`System` subclass: how to install, enqueue,
+run a worker and read its own table. The loops, clocks and timings are here, identical for all.
+The peers that are not Python (``bench/river/main.go``, ``bench/graphile/adapter.mjs``)
+implement this same protocol, the same commands and loops, in their own language, so that
+their enqueue loop and handler clock run in their own process as these do.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import sys
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, ClassVar, TextIO
 
@@ -92,6 +95,71 @@ class System(ABC):
         """The system's own queue-statistics call (counts by kind/status)."""
         raise Unsupported(f"{self.name} has no queue statistics API")
 
+    async def outstanding(self) -> bool:
+        """True while any job is not yet completed (a drain's end is seen through this)."""
+        return bool(await self.sql(self.outstanding_sql()))
+
+    async def checkpoint(self) -> None:
+        """Flush what setup wrote, so that no checkpoint lands inside a measurement."""
+        await self.sql("CHECKPOINT")
+
+    async def clone_backlog(self, total: int) -> int:
+        """Clone the rows the API wrote until the jobs table holds ``total``; return the
+        count. One INSERT ... SELECT (see :meth:`Control.cmd_preload`)."""
+        table = self.jobs_table
+        have = int(await self.sql(f"SELECT count(*) FROM {table}"))
+        missing = total - have
+        if missing > 0:
+            columns = await self._clonable_columns(table)
+            targets = ", ".join(columns)
+            sources = ", ".join(self.clone_overrides.get(c, f"t.{c}") for c in columns)
+            copies = -(-missing // have)  # ceil
+            await self.sql(
+                f"INSERT INTO {table} ({targets}) SELECT {sources} FROM {table} AS t "
+                f"CROSS JOIN generate_series(1, {copies}) AS g ORDER BY g, t.ctid "
+                f"LIMIT {missing}"
+            )
+        rows = int(await self.sql(f"SELECT count(*) FROM {table}"))
+        await self._analyze_filled_tables()
+        await self.checkpoint()
+        return rows
+
+    async def _analyze_filled_tables(self) -> None:
+        """ANALYZE the tables that hold rows, as autovacuum would have done for a backlog
+        this size, and leave empty ones alone: autovacuum never analyses a table nobody
+        wrote to, and "empty" statistics on a table about to grow (a journal, a log) would
+        steer plans in a way no real deployment with this backlog would see."""
+        names = json.loads(
+            await self.sql(
+                "SELECT coalesce(json_agg(quote_ident(schemaname) || '.' || quote_ident(relname)),"
+                " '[]')::text FROM pg_stat_user_tables"
+            )
+        )
+        for name in names:
+            if await self.sql(f"SELECT EXISTS (SELECT 1 FROM {name})"):
+                await self.sql(f"ANALYZE {name}")
+
+    async def _clonable_columns(self, table: str) -> list[str]:
+        raw = await self.sql(
+            "SELECT coalesce(json_agg(column_name ORDER BY ordinal_position), '[]')::text "
+            "FROM information_schema.columns "
+            f"WHERE table_name = '{table}' AND table_schema = current_schema() "
+            "AND is_identity = 'NO' AND is_generated = 'NEVER' "
+            "AND left(coalesce(column_default, ''), 8) <> 'nextval('"
+        )
+        columns: list[str] = json.loads(raw)
+        overridden = [c for c in self.clone_overrides if c not in columns]
+        return columns + overridden
+
+    def run_loop(self, main: Coroutine[Any, Any, None]) -> None:
+        """Run the adapter's coroutine on the event loop the system's users get."""
+        asyncio.run(main)
+
+    def serve_worker(self, args: argparse.Namespace, proto: TextIO) -> None:
+        """The worker role. Systems whose worker is not an asyncio coroutine (Celery's
+        prefork pool) override this whole method."""
+        self.run_loop(_serve_worker(self, args, proto))
+
     @abstractmethod
     async def run_worker(
         self,
@@ -122,16 +190,26 @@ class Control:
         await self.system.install()
         return {}
 
-    async def cmd_enqueue(self, mode: str, n: int, batch: int = 1) -> dict[str, Any]:
+    async def cmd_enqueue(
+        self, mode: str, n: int, batch: int = 1, fallback: bool = False
+    ) -> dict[str, Any]:
         """Sequential: n single enqueues, awaited one after the other. Bulk: n jobs in calls of
-        ``batch``. The time covers the calls only (the producer is already connected)."""
+        ``batch``. The time covers the calls only (the producer is already connected). A
+        system without a batch API answers ``unsupported`` for bulk, or with ``fallback``
+        (setting up a drain, not measured) enqueues one by one instead."""
         started = time.perf_counter()
         if mode == "sequential":
             for _ in range(n):
                 await self.system.enqueue(0, now())
         elif mode == "bulk":
-            for offset in range(0, n, batch):
-                await self.system.enqueue_many(0, min(batch, n - offset), now())
+            try:
+                for offset in range(0, n, batch):
+                    await self.system.enqueue_many(0, min(batch, n - offset), now())
+            except Unsupported as exc:
+                if not fallback:
+                    return {"unsupported": str(exc)}
+                for _ in range(n):
+                    await self.system.enqueue(0, now())
         else:
             raise ValueError(f"unknown enqueue mode {mode!r}")
         return {"seconds": time.perf_counter() - started, "jobs": n}
@@ -163,55 +241,18 @@ class Control:
         per_kind = max(1, min(template_per_kind, total // kinds))
         for kind in range(kinds):
             for offset in range(0, per_kind, PRELOAD_BATCH):
-                await self.system.enqueue_many(kind, min(PRELOAD_BATCH, per_kind - offset), now())
-        table = self.system.jobs_table
-        have = int(await self.system.sql(f"SELECT count(*) FROM {table}"))
-        missing = total - have
-        if missing > 0:
-            columns = await self._clonable_columns(table)
-            targets = ", ".join(columns)
-            sources = ", ".join(self.system.clone_overrides.get(c, f"t.{c}") for c in columns)
-            copies = -(-missing // have)  # ceil
-            await self.system.sql(
-                f"INSERT INTO {table} ({targets}) SELECT {sources} FROM {table} AS t "
-                f"CROSS JOIN generate_series(1, {copies}) AS g ORDER BY g, t.ctid "
-                f"LIMIT {missing}"
-            )
-        rows = int(await self.system.sql(f"SELECT count(*) FROM {table}"))
-        await self._analyze_filled_tables()
-        await self.system.sql("CHECKPOINT")
+                count = min(PRELOAD_BATCH, per_kind - offset)
+                try:
+                    await self.system.enqueue_many(kind, count, now())
+                except Unsupported:
+                    for _ in range(count):
+                        await self.system.enqueue(kind, now())
+        rows = await self.system.clone_backlog(total)
         return {"seconds": time.perf_counter() - started, "rows": rows}
-
-    async def _analyze_filled_tables(self) -> None:
-        """ANALYZE the tables that hold rows, as autovacuum would have done for a backlog
-        this size, and leave empty ones alone: autovacuum never analyses a table nobody
-        wrote to, and "empty" statistics on a table about to grow (a journal, a log) would
-        steer plans in a way no real deployment with this backlog would see."""
-        names = json.loads(
-            await self.system.sql(
-                "SELECT coalesce(json_agg(quote_ident(schemaname) || '.' || quote_ident(relname)),"
-                " '[]')::text FROM pg_stat_user_tables"
-            )
-        )
-        for name in names:
-            if await self.system.sql(f"SELECT EXISTS (SELECT 1 FROM {name})"):
-                await self.system.sql(f"ANALYZE {name}")
-
-    async def _clonable_columns(self, table: str) -> list[str]:
-        raw = await self.system.sql(
-            "SELECT coalesce(json_agg(column_name ORDER BY ordinal_position), '[]')::text "
-            "FROM information_schema.columns "
-            f"WHERE table_name = '{table}' AND table_schema = current_schema() "
-            "AND is_identity = 'NO' AND is_generated = 'NEVER' "
-            "AND left(coalesce(column_default, ''), 8) <> 'nextval('"
-        )
-        columns: list[str] = json.loads(raw)
-        overridden = [c for c in self.system.clone_overrides if c not in columns]
-        return columns + overridden
 
     async def cmd_checkpoint(self) -> dict[str, Any]:
         """Flush what setup wrote, so no checkpoint lands inside the measurement."""
-        await self.system.sql("CHECKPOINT")
+        await self.system.checkpoint()
         return {}
 
     async def cmd_wait_drained(self, limit_s: float, poll_s: float) -> dict[str, Any]:
@@ -220,7 +261,7 @@ class Control:
         polling load covers just the completion tail."""
         deadline = time.monotonic() + limit_s
         polls = 0
-        while await self.system.sql(self.system.outstanding_sql()):
+        while await self.system.outstanding():
             polls += 1
             if time.monotonic() > deadline:
                 raise TimeoutError(f"jobs still outstanding after {limit_s:.0f}s")
@@ -311,6 +352,6 @@ def serve(system: System) -> None:
     proto = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)
     if args.role == "control":
-        asyncio.run(_serve_control(system, args.dsn, proto))
+        system.run_loop(_serve_control(system, args.dsn, proto))
     else:
-        asyncio.run(_serve_worker(system, args, proto))
+        system.serve_worker(args, proto)

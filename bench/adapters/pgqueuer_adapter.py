@@ -5,11 +5,21 @@
 * Install: ``Queries.install()`` then ``optimize_autovacuum()`` (the guide's ``pgq autovac``);
   durability stays ``durable``, the default, like every other system here.
 * Enqueue: ``Queries.enqueue`` with scalars (one job) or lists (one round trip for the batch).
+* Event loop: uvloop, in both roles. uvloop is a dependency of pgqueuer itself, and ``pgq run``
+  (its CLI) and its benchmark tool (``tools/benchmark.py``) both run on it.
 * Worker: ``pgqueuer.run(factory, ...)``, the documented programmatic twin of ``pgq run``.
-  Concurrency c maps to ``max_concurrent_tasks=c`` with the largest ``batch_size`` it allows
-  (it requires ``max_concurrent_tasks >= 2 * batch_size``), so 16 -> batch 8. For c=1 that
-  rule leaves no valid pair, so the entrypoint gets ``concurrency_limit=1``, which its docs
-  give as the way to serialise dispatch.
+  Concurrency c maps to ``max_concurrent_tasks=c`` (``--max-concurrent-tasks``, "an upper
+  global limit for the current runner") with the largest ``batch_size`` it allows (it
+  requires ``max_concurrent_tasks >= 2 * batch_size``), so 16 -> batch 8. For c=1 that rule
+  leaves no valid pair, so the entrypoint gets ``concurrency_limit=1``, which its docs give as
+  the way "to process jobs strictly one at a time", with ``batch_size=1``: with a larger
+  batch the finished job stays 'picked' until the status-log buffer (sized ``batch_size``,
+  flushed every 100 ms otherwise) flushes, and the database-enforced limit then admits about
+  10 jobs/s.
+* ``BENCH_PGQUEUER_MAPPING=defaults`` (the ``pgqueuer-defaults`` system) runs ``pgq run``'s
+  defaults instead, ``batch_size=10`` and no ``max_concurrent_tasks``: no concurrency bound at
+  all, the jobs of a batch run side by side. That is what pgqueuer's benchmark tool measures
+  with ``--dequeue 1`` and what an outside harness reported as pgqueuer at "concurrency 1".
 * Stats: ``Queries.queue_size()`` (counts per entrypoint, priority and status).
 * Completed jobs are moved out of the ``pgqueuer`` table, so "outstanding" = any row left.
 """
@@ -18,13 +28,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+import os
+from collections.abc import AsyncIterator, Coroutine
 from contextlib import asynccontextmanager
 from importlib.metadata import version
 from typing import Any
 
 import asyncpg
 import pgqueuer
+import uvloop
 from pgqueuer import PgQueuer, Queries
 from pgqueuer.db import AsyncpgDriver
 from pgqueuer.models import Job
@@ -45,7 +57,11 @@ class PgqueuerSystem(System):
         self._queries: Queries | None = None
 
     def versions(self) -> dict[str, str]:
-        return {"pgqueuer": version("pgqueuer"), "asyncpg": version("asyncpg")}
+        return {
+            "pgqueuer": version("pgqueuer"),
+            "asyncpg": version("asyncpg"),
+            "uvloop": version("uvloop"),
+        }
 
     @property
     def queries(self) -> Queries:
@@ -81,6 +97,9 @@ class PgqueuerSystem(System):
     async def stats(self) -> object:
         return await self.queries.queue_size()
 
+    def run_loop(self, main: Coroutine[Any, Any, None]) -> None:
+        uvloop.run(main)
+
     async def run_worker(
         self,
         dsn: str,
@@ -89,7 +108,8 @@ class PgqueuerSystem(System):
         on_start: OnStart,
         shutdown: asyncio.Event,
     ) -> None:
-        serialise = concurrency == 1
+        defaults = os.environ.get("BENCH_PGQUEUER_MAPPING") == "defaults"
+        serialise = concurrency == 1 and not defaults
 
         @asynccontextmanager
         async def factory() -> AsyncIterator[PgQueuer]:
@@ -107,7 +127,9 @@ class PgqueuerSystem(System):
             finally:
                 await conn.close()
 
-        if serialise:
+        if defaults:
+            batch_size, max_tasks = 10, None
+        elif serialise:
             batch_size, max_tasks = 1, None
         else:
             batch_size, max_tasks = max(1, concurrency // 2), concurrency

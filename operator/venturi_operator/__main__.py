@@ -1,7 +1,10 @@
 """`venturi-operator`: run the operator (kopf) with its metrics endpoint.
 
 venturi-operator --namespace jobs --metrics-port 8080 --log-level info --max-replicas 100
-venturi-operator --all-namespaces
+venturi-operator --all-namespaces --log-format json
+
+Logs go to stderr, as text or JSON lines (`--log-format`, env VENTURI_LOG_FORMAT), kopf's own
+records included; a record about a JobQueue names it (`namespace`, `jobqueue`).
 """
 
 from __future__ import annotations
@@ -9,11 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import kopf
 
+from venturi import logs
 from venturi_operator.config import DEFAULT_MAX_REPLICAS, OperatorConfig
 from venturi_operator.databases import Databases
 from venturi_operator.handlers import build_registry
@@ -22,7 +28,28 @@ from venturi_operator.metrics import OperatorMetrics
 from venturi_operator.reconcile import Reconciler
 
 
-def parse_args(argv: Sequence[str] | None = None) -> tuple[OperatorConfig, str]:
+@dataclass(frozen=True, slots=True)
+class Logging:
+    """--log-format and --log-level, checked."""
+
+    format: str
+    level: str
+
+
+class JsonFormatter(logs.JsonFormatter):
+    """venturi's JSON lines, with the JobQueue a record is about: kopf's per-object records
+    carry a reference to it (`k8s_ref`), the operator's own pass `namespace` and `jobqueue`."""
+
+    def fields(self, record: logging.LogRecord) -> Mapping[str, object]:
+        ref = getattr(record, "k8s_ref", None)
+        if isinstance(ref, dict) and ref.get("kind") == "JobQueue":  # the only kind it handles
+            found = {"namespace": ref.get("namespace"), "jobqueue": ref.get("name")}
+        else:
+            found = {k: getattr(record, k, None) for k in ("namespace", "jobqueue")}
+        return {k: v for k, v in found.items() if v is not None}
+
+
+def parse_args(argv: Sequence[str] | None = None) -> tuple[OperatorConfig, Logging]:
     parser = argparse.ArgumentParser(
         prog="venturi-operator", description="Scale venturi worker Deployments from their queues."
     )
@@ -37,7 +64,14 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[OperatorConfig, str]:
         "--liveness", default="http://0.0.0.0:8081/healthz", help="kopf liveness endpoint ('' off)"
     )
     parser.add_argument(
-        "--log-level", default="info", choices=["debug", "info", "warning", "error"]
+        "--log-level",
+        default=os.environ.get("VENTURI_LOG_LEVEL", "info"),
+        help="debug, info, warning or error (env VENTURI_LOG_LEVEL, default info)",
+    )
+    parser.add_argument(
+        "--log-format",
+        default=os.environ.get("VENTURI_LOG_FORMAT", "text"),
+        help="text or json, one object per line (env VENTURI_LOG_FORMAT, default text)",
     )
     parser.add_argument(
         "--max-replicas",
@@ -48,6 +82,13 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[OperatorConfig, str]:
     args = parser.parse_args(argv)
     if not 1 <= args.max_replicas <= 2**31 - 1:
         parser.error(f"--max-replicas: expected 1 to {2**31 - 1}, got {args.max_replicas}")
+    # Checked here, not by `choices`: argparse does not check a default from the environment.
+    if args.log_level.lower() not in logs.LEVELS:
+        parser.error(
+            f"--log-level: expected one of {', '.join(logs.LEVELS)}, got {args.log_level!r}"
+        )
+    if args.log_format not in logs.FORMATS:
+        parser.error(f"--log-format: expected text or json, got {args.log_format!r}")
     config = OperatorConfig(
         namespaces=tuple(args.namespace),
         metrics_port=args.metrics_port or None,
@@ -55,7 +96,7 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[OperatorConfig, str]:
         liveness_endpoint=args.liveness or None,
         max_replicas=args.max_replicas,
     )
-    return config, args.log_level
+    return config, Logging(args.log_format, args.log_level.lower())
 
 
 async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None:
@@ -82,12 +123,12 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    config, level = parse_args(argv)
-    logging.basicConfig(
-        level=getattr(logging, level.upper()),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    kopf.configure(verbose=level == "debug")
+    config, log = parse_args(argv)
+    # One handler for every record, kopf's included: kopf.configure() would add a second
+    # (each line twice) and reset the level to info.
+    logs.configure(log.format, log.level, json_formatter=JsonFormatter)
+    if log.level != "debug":
+        logging.getLogger("asyncio").setLevel(logging.WARNING)  # as kopf does, keeping errors
     try:
         asyncio.run(run(config))
     except KeyboardInterrupt:

@@ -92,6 +92,21 @@ class Databases:
         self._failing.pop(dsn, None)
         return stats
 
+    async def claimed_by_pod(self, dsn: str, prefix: str) -> dict[str, int]:
+        """Claimed jobs per pod name (one grouped query), bounded like `stats`."""
+        store = await self._store(dsn)
+        try:
+            return await asyncio.wait_for(
+                Queue(store.with_prefix(prefix)).claimed_by_pod(),
+                self._config.statement_timeout + 1,
+            )
+        except TimeoutError:
+            raise DatabaseError(
+                "QueryTimeout", f"claims per pod took longer than {self._config.statement_timeout}s"
+            ) from None
+        except Exception as exc:  # asyncpg raises many types; each means "no claims this tick"
+            raise DatabaseError("QueryFailed", f"reading claims per pod failed: {exc}") from None
+
     async def _store(self, dsn: str) -> PostgresStore:
         store = self._stores.get(dsn)
         if store is not None:

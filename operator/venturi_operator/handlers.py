@@ -1,5 +1,6 @@
 """The kopf wiring: one daemon per JobQueue that reconciles every `spec.interval` seconds,
-at once when the spec changes, and at once when a job arrives for a pool at zero.
+at once when the spec changes, at once when a job arrives for a pool at zero, and soon
+(`cadence.wake_at`) when jobs arrive at a running pool.
 
 Handlers are thin: they translate kopf's arguments and hand over to `Reconciler.tick`.
 `build_registry` returns a fresh `kopf.OperatorRegistry`, so tests and `__main__` pass
@@ -91,14 +92,28 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
         def post(kind: str, reason: str, message: str) -> None:
             kopf.event(body, type=kind, reason=reason, message=message)
 
+        deferred: list[asyncio.TimerHandle] = []
+
+        def wake_later(delay: float) -> None:
+            if not deferred:
+                deferred.append(loop.call_later(delay, wake.set))
+
         def on_job(kind: str) -> None:
-            # From the LISTEN connection: a job for a pool at zero must not wait the interval.
-            if reconciler.pools_at_zero_for(namespace, name, kind):
+            # From the LISTEN connection: a job for a pool at zero must not wait the interval,
+            # nor a burst at a running pool (cadence.wake_at: at most once per burst gap).
+            delay = reconciler.wake_delay(namespace, name, kind)
+            if delay is None:
+                return
+            if delay <= 0:
                 loop.call_soon_threadsafe(wake.set)
+            else:
+                loop.call_soon_threadsafe(wake_later, delay)
 
         try:
             while not stopped:
                 wake.clear()
+                while deferred:  # this tick is the one a deferred wake-up was waiting for
+                    deferred.pop().cancel()
                 spec = plain(body.get("spec") or {})
                 generation = int(body.get("metadata", {}).get("generation") or 0)
                 try:
@@ -113,13 +128,20 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
                     )
                     await reconciler.kube.patch_status(namespace, name, result.status)
                 except Exception:  # one bad tick must never end the daemon
-                    logger.exception("%s/%s: reconcile failed", namespace, name)
+                    logger.exception(
+                        "%s/%s: reconcile failed",
+                        namespace,
+                        name,
+                        extra={"namespace": namespace, "jobqueue": name},
+                    )
                     reconciler.metrics.reconcile_errors.labels(namespace, name, "Exception").inc()
                 reconciled[key] = generation
                 interval = spec.get("interval") if isinstance(spec, dict) else None
                 seconds = float(interval) if isinstance(interval, int) else DEFAULT_INTERVAL
                 await _wait(wake, stopped, seconds)  # a spec change sets `wake` (on_change)
         finally:
+            while deferred:
+                deferred.pop().cancel()
             wakes.pop(key, None)
             reconciled.pop(key, None)
             await reconciler.forget(namespace, name)

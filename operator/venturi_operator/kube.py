@@ -16,6 +16,8 @@ from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
+from venturi_operator.scalein import DELETION_COST
+
 GROUP = "venturi.dev"
 VERSION = "v1alpha1"
 PLURAL = "jobqueues"
@@ -41,6 +43,8 @@ class DeploymentState:
     """status.readyReplicas."""
     jobqueue: str | None = None
     """The SCALE_ANNOTATION: the JobQueue the Deployment lets scale it, if any."""
+    selector: str | None = None
+    """spec.selector as a label selector string; None when it has matchExpressions."""
 
 
 class Kube:
@@ -120,7 +124,38 @@ class Kube:
             replicas=int(dep.spec.replicas if dep.spec.replicas is not None else 1),
             ready=int(dep.status.ready_replicas or 0) if dep.status else 0,
             jobqueue=annotations.get(SCALE_ANNOTATION),
+            selector=_selector(dep.spec.selector),
         )
+
+    async def pods(self, namespace: str, selector: str) -> dict[str, str | None]:
+        """The pods a selector matches that are neither terminating nor finished, each with
+        its pod-deletion-cost annotation (None when unset)."""
+        try:
+            pods = await asyncio.to_thread(
+                self._core.list_namespaced_pod, namespace, label_selector=selector
+            )
+        except ApiException as exc:
+            raise _error(exc, f"listing pods {selector} in {namespace}") from None
+        found: dict[str, str | None] = {}
+        for pod in pods.items:
+            meta = pod.metadata
+            phase = pod.status.phase if pod.status is not None else None
+            if meta is None or meta.name is None or meta.deletion_timestamp is not None:
+                continue
+            if phase in ("Succeeded", "Failed"):
+                continue
+            found[meta.name] = (meta.annotations or {}).get(DELETION_COST)
+        return found
+
+    async def set_deletion_cost(self, namespace: str, name: str, cost: int) -> None:
+        """Annotate a pod with controller.kubernetes.io/pod-deletion-cost."""
+        body = {"metadata": {"annotations": {DELETION_COST: str(cost)}}}
+        try:
+            await asyncio.to_thread(self._core.patch_namespaced_pod, name, namespace, body)
+        except ApiException as exc:
+            if exc.status == 404:
+                return  # gone meanwhile: nothing to spare
+            raise _error(exc, f"annotating pod {namespace}/{name}") from None
 
     async def other_autoscalers(self, namespace: str) -> dict[str, str]:
         """Deployments in `namespace` that an HPA or a KEDA ScaledObject already scales,
@@ -183,6 +218,13 @@ class Kube:
             if exc.status == 404:
                 return  # deleted meanwhile: nothing to report on
             raise _error(exc, f"patching status of JobQueue {namespace}/{name}") from None
+
+
+def _selector(selector: Any) -> str | None:
+    """matchLabels as a label selector string (what list_namespaced_pod takes)."""
+    if selector is None or selector.match_expressions or not selector.match_labels:
+        return None
+    return ",".join(f"{k}={v}" for k, v in sorted(selector.match_labels.items()))
 
 
 def _error(exc: ApiException, doing: str) -> KubeError:

@@ -2,76 +2,120 @@
 
 The operator's reconcile tick calls :func:`decide` once per pool with the pool's load (built by
 :func:`venturi_operator.spec.pool_loads` from the runtime's stats), the pool's spec, the
-:class:`History` it kept from the previous tick, the time, and the Deployment's current
-``spec.replicas``. It gets back a :class:`Decision`: the replicas to set, a machine-friendly
-reason plus a human message (for status conditions and Events), and the updated history to keep
-for the next tick. There is no I/O, clock, logging or kopf here, so every rule below is tested as
-a plain function (``tests/operator/test_policy.py``).
+:class:`History` it kept from the previous tick, the time, the Deployment's ``spec.replicas``
+and, when known, its ready replicas and how many of its pods hold a job. It gets back a
+:class:`Decision`: the replicas to set, a machine-friendly reason plus a human message (for
+status conditions and Events), and the updated history to keep for the next tick. There is no
+I/O, clock, logging or kopf here, so every rule below is tested as a plain function
+(``tests/operator/test_policy.py``) and driven by the simulator (``bench/autoscale``).
 
-The algorithm is the HorizontalPodAutoscaler's (``autoscaling/v2``), so that users who know the HPA
-can predict it, plus the rules queue workers need and KEDA lacks. In order:
+The recommendation counts what the pool can do, not only what waits (the HPA's ``AverageValue``
+rule, one replica per ``targetPerReplica`` outstanding jobs, asks for more every tick while the
+replicas it already asked for are still starting, and the scale-down window then holds that
+peak). The HPA-compatible ``behavior`` stays, as the user's explicit limits. In order:
 
 1. **Bounds first.** A Deployment above ``maxReplicas`` goes to ``maxReplicas``, one below
    ``minReplicas`` goes to ``minReplicas``, without consulting the load (the HPA does the same:
    "Current number of replicas above Spec.MaxReplicas").
 
-2. **Recommendation from the backlog** (the HPA's ``AverageValue`` external metric)::
+2. **What the pool does.** Each tick differences the stats' finished totals (``completed`` +
+   ``dead``) and outstanding count against the previous tick's: jobs finished, jobs arrived
+   (``outstanding`` now - before + finished). Time-weighted averages over about a minute give
+   the arrival rate ``lambda``, over about three minutes a slower one: their difference is the
+   trend (an average lags its time constant behind a ramp). Over about ten minutes the busy
+   slots and the completion rate give the service time ``S = busy / completions`` (Little's
+   law, exact for any job-length distribution). A rise in arrivals well beyond Poisson noise
+   (three standard deviations) in two ticks running, the second at least 80 % of the first, is
+   a new rate, taken at once at the second tick's (the first straddled the change), at most
+   twice the first's; one such tick alone is not (a batch is a backlog, not a rate; two
+   batches in a row fall off the 80 %, a batch after a tick of noise off the twice). When it
+   leaves more pending jobs than one replica runs it is a *burst*, whose time is kept; a pool
+   whose bursts come less than 600 s apart takes a new rate only from two ticks within 80 %
+   of each other either way (batches a tick apart are likelier there than a new rate). A
+   cleanup that lowers the totals skips that tick's sample. The time from a scale-up to its
+   pods being ready is observed too (``startup``, 30 s until seen).
 
-       recommendation = ceil((pending + claimed) / targetPerReplica)
+3. **Recommendation from capacity.** With ``k = targetPerReplica`` slots per replica and the
+   age target ``H = maxOldestPendingAge`` (60 s unset):
 
-   Claimed jobs count: they are the in-flight work that a replica is busy with, and ignoring them
-   is how KEDA's queue scalers drop to zero under running jobs (KEDA #356, #638, #1663). Like the
-   HPA, "the control plane skips any scaling action if the ratio is sufficiently close to 1.0
-   (within a configurable tolerance, 0.1 by default)"; the ratio is ``(pending + claimed) /
-   (targetPerReplica * current)`` and the per-direction tolerances of ``behavior`` apply as in the
-   HPA's ``isWithin``: ``1 - scaleDown.tolerance <= ratio <= 1 + scaleUp.tolerance``.
+   - the *flow* is ``lambda+ * S`` slots, ``lambda+`` the rate a pod asked for now will serve:
+     ``lambda`` plus the trend over the average's lag and one start-up;
+   - the *queue* is the pending jobs as they will be when a pod asked for now is ready: the
+     arrivals until then, less what the ready replicas and (from when they will be ready) the
+     starting ones take meanwhile;
+   - that queue must start within ``3/4 H`` of now, served by the whole pool (first in, first
+     out: the newest queued job waits for the jobs ahead of it, not for the flow behind it):
+     ``latency = queue * S / (3/4 H - startup)`` slots, the quarter left a margin for errors
+     in the estimated job time and start-up;
+   - and be worked off by the slots beyond the flow within ``2 H``:
+     ``drain = queue * S / (2 H - startup)`` slots (without it a queue that the flow's slots
+     only keep level makes every later job wait as long).
 
-3. **Latency term.** A count alone is "magnitude-only and lagging" (KEDA #7966; also #647,
-   #5754): when the pool's oldest pending job has waited longer than ``maxOldestPendingAge``, the
-   recommendation becomes at least ``current + 1`` -- one more replica per tick while the target
-   is missed -- but never more than one replica per outstanding job (``pending + claimed``),
-   since more replicas than jobs cannot shorten any wait. While the target is missed this also
-   never recommends fewer replicas than that cap, so a constant stale age settles on one value
-   instead of flapping between the count and the age. The step is deliberately one replica and
-   not proportional to the age: the replicas just added take time to start, the age keeps
-   growing meanwhile, and a proportional rule would compound into ``maxReplicas``.
+   Slots for a queue never exceed one per queued job. The pool then needs, with ``s`` spare
+   standard deviations of the work's Poisson noise (square-root staffing)::
 
-4. **Activation.** A pool is *active* when it has a claimed job, more pending jobs than
+       need(s) = ceil(max(flow + drain + s * sqrt(flow + drain), latency) / k)
+       scale up   when current < need(0.75),   to need(1.25)
+       scale down when current > need(2.5),    to need(1.25), never below ceil(claimed / k)
+
+   Between the two the count holds: that band is the hysteresis, whole replicas wide at small
+   counts, so noise does not flap; at large counts the spare is a small share, so a big pool
+   runs its slots close to full. Until enough jobs have been seen finish (a new pool; more than
+   twice the claimed jobs, or 50) the recommendation is the HPA's count, ``ceil((pending +
+   claimed) / k)`` -- every job a slot at once, the most that can help without knowing how
+   long jobs run. ``behavior.*.tolerance`` set by the user applies as the HPA's tolerance
+   does, on the work per slot: no change while ``1 - scaleDown.tolerance <= work / (k *
+   current) <= 1 + scaleUp.tolerance``.
+
+4. **Latency term.** When the oldest pending job has waited longer than
+   ``maxOldestPendingAge``, the pool never scales down, and gets one more replica per tick --
+   never more than one per outstanding job -- unless replicas are still starting (they are the
+   answer already; adding more while they start is how counts rules overshoot). A stale age
+   with every replica ready means the estimates are wrong or the jobs need more than one slot
+   each, and the count climbs until the target is met.
+
+5. **Activation.** A pool is *active* when it has a claimed job, more pending jobs than
    ``activationThreshold``, or a pending job older than ``maxOldestPendingAge``. An inactive
-   pool's recommendation is 0. At zero replicas an active pool gets at least one replica at once,
-   whatever the stabilization windows and rate policies say (KEDA's activation phase: 0 -> 1 is
-   not the HPA's business).
+   pool's recommendation is 0. At zero replicas an active pool gets what it needs at once, at
+   least one replica, whatever the stabilization windows and rate policies say.
 
-5. **Stabilization**, exactly as the HPA's ``stabilizeRecommendationWithBehaviors``: "When the
-   metrics indicate that the target should be scaled down the algorithm looks into previously
-   computed desired states, and uses the highest value from the specified interval ... This
-   approximates a rolling maximum, and avoids having the scaling algorithm frequently remove Pods
-   only to trigger recreating an equivalent Pod just moments later." Scale-up does the mirror
-   image with a rolling minimum. The result is the current count clamped between the lowest
-   recommendation of the scale-up window and the highest of the scale-down window (each window
-   includes this tick's recommendation); the unstabilized recommendation is recorded.
+6. **Stabilization**, exactly as the HPA's ``stabilizeRecommendationWithBehaviors``: the current
+   count clamped between the lowest recommendation of the scale-up window and the highest of
+   the scale-down window (each includes this tick's recommendation). Windows the user does not
+   set: no scale-up window, and a 120 s scale-down window (the HPA's 300 s exists because a
+   CPU ratio is noisy; the band of step 3 already absorbs noise). Without
+   ``behavior.scaleDown``, no scale-down either within 300 s of a scale-up: a scale in the
+   opposite direction that soon undoes it (a flap). A pool whose bursts come less than 600 s
+   apart (the median gap between its last six bursts) holds 600 s instead: its replicas bridge
+   the gap to the next burst, which finds them warm, where a scale-in between the two would be
+   undone within five minutes by the next burst (a flap too).
 
-6. **Rate policies and bounds**, exactly as the HPA's ``convertDesiredReplicasWithBehaviorRate``:
-   "``periodSeconds`` indicates the length of time in the past for which the policy must hold
-   true." For each policy the replica count at the start of its period is ``current - added +
-   removed`` (over the scale events of the last ``periodSeconds``); a ``Pods`` policy allows
-   ``start + value`` (scale-up) or ``start - value`` (scale-down), a ``Percent`` policy allows
-   ``ceil(start * (1 + value/100))`` or ``floor(start * (1 - value/100))``. "When multiple
-   policies are specified the policy which allows the highest amount of change is the policy
-   which is selected by default ... By setting the value to ``Min`` which would select the policy
-   which allows the smallest change in the replica count. Setting the value to ``Disabled``
-   completely disables scaling in that direction." The result is then clamped to
-   ``[minReplicas, maxReplicas]``.
+7. **Rate policies and bounds**, exactly as the HPA's ``convertDesiredReplicasWithBehaviorRate``
+   for each direction whose ``behavior`` the user set (``Pods``/``Percent`` policies over
+   ``periodSeconds``, ``selectPolicy`` ``Max``/``Min``/``Disabled``). A direction without rules
+   has no rate limit: a pool scales up in one step to what it needs; then ``[minReplicas,
+   maxReplicas]``.
 
-7. **Scale to zero.** The last step, 1 -> 0, additionally waits until the pool has been inactive
-   for ``cooldownSeconds``; N -> 1 follows the scale-down behavior like any other step (KEDA
-   applies its cooldown to N -> 0 and bypasses the HPA's policy on the way to zero: #7770,
-   #7204). A pool with a claimed job is never scaled to zero.
+8. **Busy pods are spared.** When the caller says how many of the Deployment's pods hold a
+   claimed job (``busy``), a scale-in never goes below that: the operator gives the idle pods
+   the lowest ``controller.kubernetes.io/pod-deletion-cost``, so the ReplicaSet takes them (and
+   starting pods, which it takes first anyway) and no running job is interrupted. The rest goes
+   once more pods are idle.
 
-8. **No stats.** When the stats cannot be read, the pool keeps its current replicas -- it never
-   scales down blind, and never to zero (KEDA #1850, #2244) -- or is raised to
-   ``fallbackReplicas`` when that is set and higher, which also works from zero (KEDA #7239). The
-   decision says ``fallback=True``. Bounds (step 1) still apply.
+9. **Scale to zero.** The last replica goes once the pool has been inactive for
+   ``cooldownSeconds`` -- exactly that, not also the scale-down window (1 -> 0 only); N -> 1
+   follows the scale-down rules like any other step (KEDA applies its cooldown to N -> 0 and
+   bypasses the HPA's policy on the way to zero: #7770, #7204). A pool with a claimed job is
+   never scaled to zero.
+
+10. **No stats.** When the stats cannot be read, the pool keeps its current replicas -- it never
+    scales down blind, and never to zero (KEDA #1850, #2244) -- or is raised to
+    ``fallbackReplicas`` when that is set and higher, which also works from zero (KEDA #7239).
+    The decision says ``fallback=True``. Bounds (step 1) still apply.
+
+Inputs the runtime cannot give yet have seams that default to none: ``PoolLoad.paused`` (pending
+jobs of paused queues) and ``PoolLoad.unserved`` (pending jobs of kinds no live worker serves)
+are counted in ``pending`` and never taken as demand.
 
 Times are floats in seconds on one clock of the caller's choice (``time.monotonic()`` suits an
 in-memory history); only differences between them matter.
@@ -90,6 +134,7 @@ __all__ = [
     "DEFAULT_SCALE_DOWN",
     "DEFAULT_SCALE_UP",
     "DEFAULT_TOLERANCE",
+    "HPA_BEHAVIOR",
     "Behavior",
     "Decision",
     "History",
@@ -98,6 +143,7 @@ __all__ = [
     "PoolScaling",
     "Reason",
     "Recommendation",
+    "Sample",
     "ScaleEvent",
     "ScalingPolicy",
     "ScalingRules",
@@ -111,6 +157,50 @@ DEFAULT_TOLERANCE = 0.1
 MAX_STABILIZATION_WINDOW_SECONDS = 3600
 #: The HPA's bound on a policy's ``periodSeconds`` ("1800 (half an hour)").
 MAX_PERIOD_SECONDS = 1800
+
+#: Spare slots, in standard deviations of the work's Poisson noise (square-root staffing): the
+#: pool scales up when it has fewer than SPARE_UP, down when it has more than SPARE_DOWN, and
+#: then to SPARE_TARGET.
+SPARE_UP = 0.75
+SPARE_TARGET = 1.25
+SPARE_DOWN = 2.5
+#: The age target when ``maxOldestPendingAge`` is not set.
+DEFAULT_CLEAR_SECONDS = 60.0
+#: The share of the age target within which the newest queued job is planned to start (the
+#: rest is margin for errors in the estimated job time and start-up) ...
+QUEUE_WAIT_SHARE = 0.75
+#: ... and the age targets within which the slots beyond the flow work the queue off.
+QUEUE_DRAIN_TARGETS = 2.0
+#: Pod start-up assumed until a scale-up has been seen to become ready.
+DEFAULT_STARTUP_SECONDS = 30.0
+#: Time constants (seconds) of the arrival-rate, service-time and start-up averages, and of the
+#: slower arrival average the trend is read against.
+RATE_SECONDS = 60.0
+TREND_SECONDS = 180.0
+SERVICE_SECONDS = 600.0
+STARTUP_WEIGHT = 0.3
+#: Jobs that must have finished (fading count) before a service time is believed, and how many
+#: times the claimed jobs that count must be.
+MIN_FINISHED = 4.0
+SERVICE_EVIDENCE = 2.0
+#: ... unless this many have been seen finish already.
+ENOUGH_FINISHED = 50
+#: A sample this many Poisson standard deviations above the arrival rate is a rise; a rise two
+#: ticks running, the second at least RISE_AGREE of the first, is a new rate, at most
+#: RISE_GROWTH times the first tick's.
+RISE_SIGMAS = 3.0
+RISE_AGREE = 0.8
+RISE_GROWTH = 2.0
+#: Without ``behavior.scaleDown``: the stabilization window (the highest recommendation of
+#: these last seconds holds) ...
+DEFAULT_SCALE_DOWN_WINDOW_SECONDS = 120
+#: ... and how long a scale-up holds before any scale-down: a scale in the opposite direction
+#: within five minutes is a flap.
+HOLD_SECONDS = 300.0
+#: ... or this long, for a pool whose bursts come closer together than this (the median gap
+#: between the last BURST_MEMORY): the replicas bridge the gap to the next burst.
+BRIDGE_SECONDS = 600.0
+BURST_MEMORY = 6
 
 
 class PolicyType(enum.StrEnum):
@@ -177,6 +267,8 @@ class Reason(enum.StrEnum):
     TOO_FEW_REPLICAS = "TooFewReplicas"
     #: Held at one replica until the pool has been idle for ``cooldownSeconds``.
     SCALE_TO_ZERO_COOLDOWN = "ScaleToZeroCooldown"
+    #: A scale-in held back to the number of pods that hold no job.
+    BUSY_PODS_SPARED = "BusyPodsSpared"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -247,13 +339,20 @@ DEFAULT_SCALE_DOWN = ScalingRules(
 
 @dataclass(frozen=True, kw_only=True)
 class Behavior:
-    """The HPA's ``behavior``: separate rules for scaling up and scaling down."""
+    """The HPA's ``behavior``: the user's limits for scaling up and scaling down.
 
-    scale_up: ScalingRules = DEFAULT_SCALE_UP
-    scale_down: ScalingRules = DEFAULT_SCALE_DOWN
+    A direction set to None has no rules of the user's: no rate limit, and venturi's own
+    stabilization (none up, :data:`DEFAULT_SCALE_DOWN_WINDOW_SECONDS` down) and hysteresis.
+    """
+
+    scale_up: ScalingRules | None = None
+    scale_down: ScalingRules | None = None
 
 
+#: No limits of the user's (what a pool without ``behavior`` gets).
 DEFAULT_BEHAVIOR = Behavior()
+#: The HPA's own defaults, spelled out (what ``behavior: {scaleUp: {}, scaleDown: {}}`` gets).
+HPA_BEHAVIOR = Behavior(scale_up=DEFAULT_SCALE_UP, scale_down=DEFAULT_SCALE_DOWN)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -266,6 +365,15 @@ class PoolLoad:
     claimed: int
     #: Seconds the oldest pending job has been eligible, or None when nothing is pending.
     oldest_pending_age: float | None = None
+    #: Jobs finished so far (completed + dead, as the stats count them), or None when unknown;
+    #: the difference between two ticks is the completions in between.
+    finished: int | None = None
+    #: Of ``pending``, jobs in paused queues: no demand. (A seam: the runtime has no paused
+    #: queues yet, so this is always 0 today.)
+    paused: int = 0
+    #: Of ``pending``, jobs of kinds no live worker serves: no demand, a condition. (A seam:
+    #: the runtime has no worker registry yet, so this is always 0 today.)
+    unserved: int = 0
 
     def __post_init__(self) -> None:
         if self.pending < 0 or self.claimed < 0:
@@ -274,11 +382,26 @@ class PoolLoad:
             )
         if self.oldest_pending_age is not None and not self.oldest_pending_age >= 0.0:
             raise ValueError(f"oldest_pending_age: expected >= 0, got {self.oldest_pending_age}")
+        if self.finished is not None and self.finished < 0:
+            raise ValueError(f"finished: expected >= 0, got {self.finished}")
+        if (
+            not 0 <= self.paused + self.unserved <= self.pending
+            or min(self.paused, self.unserved) < 0
+        ):
+            raise ValueError(
+                f"expected 0 <= paused + unserved <= pending, got paused={self.paused} "
+                f"unserved={self.unserved} pending={self.pending}"
+            )
 
     @property
     def outstanding(self) -> int:
         """Pending plus claimed: the jobs that need a replica now."""
         return self.pending + self.claimed
+
+    @property
+    def demand(self) -> int:
+        """Pending jobs a replica could take: not paused, of a kind some worker serves."""
+        return self.pending - self.paused - self.unserved
 
 
 class PoolScaling(Protocol):
@@ -324,14 +447,28 @@ class ScaleEvent:
 
 
 @dataclass(frozen=True, kw_only=True)
+class Sample:
+    """The counts one tick saw, for the next tick to difference against."""
+
+    at: float
+    finished: int
+    outstanding: int
+    claimed: int
+    #: The arrival rate this tick saw when it was a significant rise over the average (a rise
+    #: two ticks running is taken at once), else None.
+    rise: float | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
 class History:
-    """What the policy remembers about one pool between ticks: the HPA's per-HPA memory.
+    """What the policy remembers about one pool between ticks: the HPA's per-HPA memory, and
+    what the pool has been seen to do.
 
     Immutable: :func:`decide` returns an updated copy in :attr:`Decision.history`, and the caller
     keeps it (in memory, per pool) for the next tick. A fresh ``History()`` is correct after an
     operator restart: the first tick seeds it the way the HPA does (the current replicas count as
     a recommendation, and the cooldown to zero counts from then), so a restart never causes a
-    sudden scale-down.
+    sudden scale-down; until rates have been seen again the recommendation is the HPA's count.
     """
 
     #: When the policy first saw the pool; None for a fresh history.
@@ -344,6 +481,60 @@ class History:
     scale_ups: tuple[ScaleEvent, ...] = ()
     #: Scale-downs still inside some policy's period, oldest first.
     scale_downs: tuple[ScaleEvent, ...] = ()
+    #: The previous tick's counts; None until a tick saw finished totals.
+    sample: Sample | None = None
+    #: Jobs arrived and seconds observed, both fading with a memory of ``RATE_SECONDS``: their
+    #: ratio is the arrival rate.
+    arrived: float = 0.0
+    arrival_span: float = 0.0
+    #: The same with a memory of ``TREND_SECONDS``: the slow average the trend is read against.
+    arrived_slow: float = 0.0
+    arrival_span_slow: float = 0.0
+    #: When the last bursts began (a rise in arrivals, not sustained, that left more jobs
+    #: pending than one replica runs), oldest first, at most ``BURST_MEMORY``.
+    bursts: tuple[float, ...] = ()
+    #: Slot-seconds held by claimed jobs and jobs finished, both fading with a memory of
+    #: ``SERVICE_SECONDS``: their ratio is the service time (Little's law).
+    held: float = 0.0
+    finished: float = 0.0
+    #: Jobs seen finish since the operator started (not fading): the evidence for the above.
+    finished_seen: int = 0
+    #: Seconds from a scale-up to its pods being ready, averaged; None until seen.
+    startup_seconds: float | None = None
+    #: A scale-up not yet ready: (when, replicas asked for).
+    starting: tuple[float, int] | None = None
+    #: When the policy last scaled up (None: not since the operator started).
+    scaled_up_at: float | None = None
+
+    @property
+    def arrival_rate(self) -> float | None:
+        """Jobs per second becoming eligible; None before two ticks saw the counts."""
+        return self.arrived / self.arrival_span if self.arrival_span > 0 else None
+
+    @property
+    def arrival_trend(self) -> float:
+        """How fast the arrival rate changes, in jobs/s per second (0 until seen): each average
+        lags its time constant behind a ramp, so their difference is the ramp's slope times the
+        difference of the time constants."""
+        if self.arrival_span <= 0 or self.arrival_span_slow <= 0:
+            return 0.0
+        fast = self.arrived / self.arrival_span
+        slow = self.arrived_slow / self.arrival_span_slow
+        return (fast - slow) / (TREND_SECONDS - RATE_SECONDS)
+
+    @property
+    def burst_gap(self) -> float | None:
+        """The median gap between the remembered bursts; None before two were seen."""
+        gaps = sorted(b - a for a, b in zip(self.bursts, self.bursts[1:], strict=False))
+        if not gaps:
+            return None
+        middle = len(gaps) // 2
+        return gaps[middle] if len(gaps) % 2 else (gaps[middle - 1] + gaps[middle]) / 2
+
+    @property
+    def service_seconds(self) -> float | None:
+        """Seconds a job holds a slot; None until a few jobs finished."""
+        return self.held / self.finished if self.finished >= MIN_FINISHED else None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -362,8 +553,8 @@ class Decision:
     history: History = field(repr=False)
     #: True when the stats could not be read and the fallback rule decided.
     fallback: bool = False
-    #: True when a bound, a rate policy, the cooldown or activation made ``replicas`` differ from
-    #: the stabilized recommendation (the HPA's ``ScalingLimited`` condition).
+    #: True when a bound, a rate policy, the cooldown, busy pods or activation made ``replicas``
+    #: differ from the stabilized recommendation (the HPA's ``ScalingLimited`` condition).
     limited: bool = False
     #: The unstabilized recommendation from the load; None when there was no load to read.
     recommendation: int | None = None
@@ -377,15 +568,23 @@ def decide(
     *,
     current: int,
     paused: bool = False,
+    ready: int | None = None,
+    busy: int | None = None,
 ) -> Decision:
     """Decide the replicas of one pool; see the module docstring for the rules.
 
     ``load`` is None when the stats could not be read. ``current`` is the Deployment's
-    ``spec.replicas`` as read this tick (the policy never assumes its last decision was applied).
-    ``paused`` leaves the replicas alone and the history unchanged apart from its first seeding.
+    ``spec.replicas`` as read this tick (the policy never assumes its last decision was applied);
+    ``ready`` its ready replicas (None: unknown, taken as all); ``busy`` how many of its pods
+    hold a claimed job (None: unknown, no pod is spared). ``paused`` leaves the replicas alone
+    and the history unchanged apart from its first seeding.
     """
     if current < 0:
         raise ValueError(f"current: expected >= 0, got {current}")
+    if ready is not None and ready < 0:
+        raise ValueError(f"ready: expected >= 0, got {ready}")
+    if busy is not None and busy < 0:
+        raise ValueError(f"busy: expected >= 0, got {busy}")
     if pool.max_replicas < 1 or not 0 <= pool.min_replicas <= pool.max_replicas:
         raise ValueError(
             "expected 0 <= minReplicas <= maxReplicas and maxReplicas >= 1, got "
@@ -405,7 +604,9 @@ def decide(
         )
     if load is None:
         return _fallback(pool, history, now, current)
-    return _decide_from_load(load, pool, history, now, current)
+    history = _watch_startup(history, now, current, ready)
+    history = _observe(history, load, now, pool.target_per_replica)
+    return _decide_from_load(load, pool, history, now, current, ready, busy)
 
 
 def _fallback(pool: PoolScaling, history: History, now: float, current: int) -> Decision:
@@ -431,11 +632,102 @@ def _fallback(pool: PoolScaling, history: History, now: float, current: int) -> 
     )
 
 
+# --- what the pool does ---------------------------------------------------------------------
+
+
+def _average(previous: float | None, sample: float, weight: float) -> float:
+    return sample if previous is None else previous + weight * (sample - previous)
+
+
+def _observe(history: History, load: PoolLoad, now: float, per_replica: int) -> History:
+    """Difference this tick's counts against the last tick's: arrivals, completions, busy."""
+    if load.finished is None:
+        return history
+    sample = Sample(
+        at=now, finished=load.finished, outstanding=load.outstanding, claimed=load.claimed
+    )
+    last = history.sample
+    if last is None or now <= last.at:
+        return replace(history, sample=sample)
+    span = now - last.at
+    finished = load.finished - last.finished
+    if finished < 0:
+        return replace(history, sample=sample)  # a cleanup deleted finished jobs: no sample
+    arrived = max(0, load.outstanding - last.outstanding + finished)
+    fade = math.exp(-span / RATE_SECONDS)
+    rate = history.arrival_rate
+    expected = (rate or 0.0) * span
+    rise = (
+        arrived / span if arrived > expected + RISE_SIGMAS * math.sqrt(max(expected, 1.0)) else None
+    )
+    # Risen two ticks running, the second no lower than most of the first: a new rate (the
+    # first of the two straddled the change; two batches one after the other fall off). A
+    # pool whose bursts come close together takes it only from two ticks that agree either
+    # way: there, batches a tick apart are likelier than a new rate.
+    new_rate: float | None = None
+    if rise is not None and last.rise is not None:
+        gap = history.burst_gap
+        bursty = gap is not None and gap < BRIDGE_SECONDS
+        if rise >= RISE_AGREE * last.rise and (not bursty or RISE_AGREE * rise <= last.rise):
+            # This tick's, at most twice the first's: a batch after a tick of noise is no rate.
+            new_rate = min(rise, RISE_GROWTH * last.rise)
+    counted = arrived
+    if rate is not None and rise is not None:
+        # A rise seen once may be a batch: a backlog (which the recommendation counts), not a
+        # rate. Only what the rate expected counts, unless the next tick sees a rise too.
+        counted = round(expected) if new_rate is None else min(arrived, round(new_rate * span))
+    total, seconds = history.arrived * fade + counted, history.arrival_span * fade + span
+    fade = math.exp(-span / TREND_SECONDS)
+    slow = history.arrived_slow * fade + counted
+    slow_seconds = history.arrival_span_slow * fade + span
+    if rate is not None and new_rate is not None:
+        # A new rate, at once; both averages take it: a step is no trend.
+        total = max(total, new_rate * seconds)
+        slow = max(slow, new_rate * slow_seconds)
+    bursts = history.bursts
+    if rise is not None and last.rise is None and load.demand > per_replica:
+        bursts = (*bursts, now)[-BURST_MEMORY:]
+    fade = math.exp(-span / SERVICE_SECONDS)
+    held = history.held * fade + (load.claimed + last.claimed) / 2 * span
+    done = history.finished * fade + finished
+    return replace(
+        history,
+        sample=replace(sample, rise=rise),
+        arrived=total,
+        arrival_span=seconds,
+        arrived_slow=slow,
+        arrival_span_slow=slow_seconds,
+        bursts=bursts,
+        held=held,
+        finished=done,
+        finished_seen=history.finished_seen + finished,
+    )
+
+
+def _watch_startup(history: History, now: float, current: int, ready: int | None) -> History:
+    """Once the replicas of the last scale-up are all ready, remember how long that took."""
+    if history.starting is None or ready is None:
+        return history
+    since, asked = history.starting
+    if current < asked:
+        return replace(history, starting=None)  # scaled down since: nothing to time
+    if ready < asked:
+        return history
+    # Ready at some point since the previous tick: take the middle of that interval.
+    previous = history.sample.at if history.sample is not None else since
+    seen = (max(previous, since) + now) / 2 - since
+    startup = _average(history.startup_seconds, max(seen, 0.0), STARTUP_WEIGHT)
+    return replace(history, starting=None, startup_seconds=startup)
+
+
+# --- the recommendation ---------------------------------------------------------------------
+
+
 def _is_active(load: PoolLoad, pool: PoolScaling) -> bool:
     """Whether the pool has work that justifies a replica (and defers the cooldown)."""
     return (
         load.claimed > 0
-        or load.pending > pool.activation_threshold
+        or load.demand > pool.activation_threshold
         or _age_target_missed(load, pool)
     )
 
@@ -443,64 +735,159 @@ def _is_active(load: PoolLoad, pool: PoolScaling) -> bool:
 def _age_target_missed(load: PoolLoad, pool: PoolScaling) -> bool:
     return (
         pool.max_oldest_pending_age is not None
-        and load.pending > 0
+        and load.demand > 0
         and load.oldest_pending_age is not None
         and load.oldest_pending_age > pool.max_oldest_pending_age
     )
 
 
-def _recommend(load: PoolLoad, pool: PoolScaling, current: int) -> tuple[int, Reason, str]:
-    """The unstabilized recommendation (steps 2-4 of the module docstring)."""
+def _tolerances(behavior: Behavior, default: float) -> tuple[float, float]:
+    up = behavior.scale_up.tolerance if behavior.scale_up is not None else default
+    down = behavior.scale_down.tolerance if behavior.scale_down is not None else default
+    return up, down
+
+
+def _recommend(
+    load: PoolLoad,
+    pool: PoolScaling,
+    history: History,
+    now: float,
+    current: int,
+    ready: int | None,
+) -> tuple[int, Reason, str]:
+    """The unstabilized recommendation (steps 2-5 of the module docstring)."""
     if not _is_active(load, pool):
         return (
             0,
             Reason.IDLE,
             (
-                f"idle: {load.pending} pending (activation threshold "
+                f"idle: {load.demand} pending (activation threshold "
                 f"{pool.activation_threshold}), none claimed"
             ),
         )
-    outstanding = load.outstanding
-    target = pool.target_per_replica
-    needed = math.ceil(outstanding / target)
-    counted = (
-        f"{outstanding} outstanding jobs ({load.pending} pending, {load.claimed} claimed) at "
-        f"{target} per replica"
-    )
-    recommendation = needed
-    if current > 0:
-        ratio = outstanding / (target * current)
-        rules = pool.behavior
-        if 1.0 - rules.scale_down.tolerance <= ratio <= 1.0 + rules.scale_up.tolerance:
-            recommendation = current
-    if recommendation == current and needed != current:
-        reason, message = Reason.WITHIN_TOLERANCE, f"{counted}: within tolerance of {current}"
-    elif recommendation > current:
+    k = pool.target_per_replica
+    service = history.service_seconds
+    if history.finished_seen < min(SERVICE_EVIDENCE * load.claimed, ENOUGH_FINISHED):
+        # Jobs still running weigh in the held time before they finish: until more have been
+        # seen finish than run now (a new pool), the service time reads long.
+        service = None
+    if service is None:
+        # Nothing seen finish yet: the HPA's count, one slot for every outstanding job.
+        outstanding = load.demand + load.claimed
+        work = float(outstanding)
+        up = target = down = math.ceil(outstanding / k)
+        counted = (
+            f"{outstanding} outstanding jobs ({load.demand} pending, {load.claimed} claimed) "
+            f"at {k} per replica"
+        )
+        tolerance_up, tolerance_down = _tolerances(pool.behavior, DEFAULT_TOLERANCE)
+    else:
+        horizon = pool.max_oldest_pending_age or DEFAULT_CLEAR_SECONDS
+        startup = history.startup_seconds or DEFAULT_STARTUP_SECONDS
+        # The rate a pod asked for now will serve: the average lags RATE_SECONDS behind a
+        # trend, and the pod is ready a start-up from now.
+        rate = max(
+            0.0, (history.arrival_rate or 0.0) + history.arrival_trend * (RATE_SECONDS + startup)
+        )
+        # Claimed jobs above the flow are backlog being worked off: they free their slots
+        # within a job's time, so they only keep the pool from shrinking below them.
+        flow = rate * service
+        queue = _queue_when_ready(load, history, now, current, ready, rate, service, k, startup)
+        wait = QUEUE_WAIT_SHARE * horizon
+        # First in, first out: the newest queued job waits for the queue ahead of it, served
+        # by the whole pool; the slots beyond the flow work the queue off. Never more slots
+        # than queued jobs: more shortens no wait.
+        latency = queue * min(1.0, service / max(wait - startup, 1.0))
+        drain = queue * min(1.0, service / max(QUEUE_DRAIN_TARGETS * horizon - startup, 1.0))
+        slots = flow + drain
+        work = max(slots, latency)
+
+        def need(spare: float) -> int:
+            # Square-root staffing: slots for the work plus `spare` of its Poisson noise.
+            return math.ceil(max(slots + spare * math.sqrt(slots), latency) / k - 1e-9)
+
+        up, target, down = need(SPARE_UP), need(SPARE_TARGET), need(SPARE_DOWN)
+        target = max(target, math.ceil(load.claimed / k))
+        down = max(down, target)
+        counted = (
+            f"{rate:.2f} jobs/s arriving, {service:.1f} s each, {load.claimed} claimed, "
+            f"{load.demand} pending ({queue:.0f} once new replicas are up, to start within "
+            f"{wait:g} s): {work:.0f} busy slots of {k} per replica"
+        )
+        tolerance_up, tolerance_down = _tolerances(pool.behavior, 0.0)
+    # The HPA's tolerance, on the work per slot: no change while it is close enough to 1.
+    ratio = work / (k * current) if current else math.inf
+    tolerated = 1.0 - tolerance_down <= ratio <= 1.0 + tolerance_up
+    if current == 0:
+        recommendation = max(target, 1)
+    elif (up > current and not tolerated) or (down < current and not tolerated):
+        recommendation = target
+    else:
+        recommendation = current
+    if recommendation > current:
         reason, message = Reason.BACKLOG_ABOVE_TARGET, f"{counted} need {recommendation} replicas"
     elif recommendation < current:
         reason, message = Reason.BACKLOG_BELOW_TARGET, f"{counted} need {recommendation} replicas"
+    elif not (tolerated and (up > current or down < current)):
+        reason, message = Reason.AT_TARGET, f"{counted}: {current} replicas are enough"
     else:
-        reason, message = Reason.AT_TARGET, f"{counted} need {recommendation} replicas"
+        reason, message = Reason.WITHIN_TOLERANCE, f"{counted}: within tolerance of {current}"
     if _age_target_missed(load, pool):
-        latency = min(current + 1, outstanding)
+        # One more replica while none is starting, never fewer (down to one per job: more
+        # replicas than jobs shorten no wait).
+        starting = ready is not None and ready < current
+        latency = min(current + (0 if starting else 1), load.demand + load.claimed)
         if latency > recommendation:
             recommendation = latency
             reason = Reason.PENDING_AGE_ABOVE_TARGET
             message = (
                 f"oldest pending job waited {load.oldest_pending_age:.0f}s > "
-                f"maxOldestPendingAge {pool.max_oldest_pending_age:g}s: "
-                f"{recommendation} replicas ({counted})"
+                f"maxOldestPendingAge {pool.max_oldest_pending_age:g}s: {recommendation} "
+                f"replicas{' (replicas still starting)' if starting else ''} ({counted})"
             )
     return recommendation, reason, message
 
 
+def _queue_when_ready(
+    load: PoolLoad,
+    history: History,
+    now: float,
+    current: int,
+    ready: int | None,
+    rate: float,
+    service: float,
+    k: int,
+    startup: float,
+) -> float:
+    """The pending jobs as they will be when a replica asked for now is ready: the arrivals
+    until then, less what the ready replicas take meanwhile and the starting ones from when
+    they will be ready (all slots busy while there is a queue: first in, first out)."""
+    serving = current if ready is None else min(ready, current)
+    # The starting replicas are taken as asked for at the last scale-up; late ones as needing
+    # another whole start-up (a pod that does not come up must not count as capacity).
+    until = 0.0
+    if serving < current:
+        until = startup
+        if history.starting is not None:
+            left = history.starting[0] + startup - now
+            until = left if 0.0 < left < startup else startup
+    queue = max(0.0, load.demand + (rate - k * serving / service) * until)
+    return max(0.0, queue + (rate - k * current / service) * (startup - until))
+
+
 def _decide_from_load(
-    load: PoolLoad, pool: PoolScaling, history: History, now: float, current: int
+    load: PoolLoad,
+    pool: PoolScaling,
+    history: History,
+    now: float,
+    current: int,
+    ready: int | None,
+    busy: int | None,
 ) -> Decision:
     active = _is_active(load, pool)
     if active:
         history = replace(history, last_active=now)
-    raw, reason, message = _recommend(load, pool, current)
+    raw, reason, message = _recommend(load, pool, history, now, current, ready)
     behavior = pool.behavior
 
     if current > pool.max_replicas or current < pool.min_replicas:
@@ -524,11 +911,11 @@ def _decide_from_load(
     if stabilized != raw:
         if raw >= current:
             reason = Reason.SCALE_UP_STABILIZED
-            window = behavior.scale_up.stabilization_window_seconds
+            window = _up_window(behavior)
             held_by = "a lower"
         else:
             reason = Reason.SCALE_DOWN_STABILIZED
-            window = behavior.scale_down.stabilization_window_seconds
+            window = _down_window(behavior)
             held_by = "a higher"
         message = (
             f"{message}; held at {stabilized} by {held_by} recommendation of the last {window}s"
@@ -539,24 +926,52 @@ def _decide_from_load(
         reason, limit_message = limit
         message = f"{message}; {limit_message}"
 
-    if replicas == 0 and current > 0:
-        # Never seen active since the operator started: count the cooldown from that start.
-        idle_since = history.last_active
-        if idle_since is None:
-            idle_since = history.started_at if history.started_at is not None else now
-        if now - idle_since < pool.cooldown_seconds:
-            replicas = 1
-            reason = Reason.SCALE_TO_ZERO_COOLDOWN
-            remaining = pool.cooldown_seconds - (now - idle_since)
-            message = f"{message}; holding 1 replica for {remaining:.0f}s more of cooldownSeconds"
+    # Never seen active since the operator started: count the cooldown from that start.
+    idle_since = history.last_active
+    if idle_since is None:
+        idle_since = history.started_at if history.started_at is not None else now
+    cooled = now - idle_since >= pool.cooldown_seconds
+    if not active and current == 1 and pool.min_replicas == 0 and cooled:
+        # cooldownSeconds alone governs the last replica, not the scale-down window as well.
+        replicas, reason = 0, Reason.IDLE
+        message = f"{message}; idle for cooldownSeconds {pool.cooldown_seconds}: to zero"
+    if replicas == 0 and current > 0 and not cooled:
+        replicas = 1
+        reason = Reason.SCALE_TO_ZERO_COOLDOWN
+        remaining = pool.cooldown_seconds - (now - idle_since)
+        message = f"{message}; holding 1 replica for {remaining:.0f}s more of cooldownSeconds"
     if replicas == 0 and active:
         # An active pool (any claimed job among them) recommends >= 1, and stabilization and rate
         # policies never take a non-zero count below 1, so this only bites at zero: a scale-up
         # window or a Disabled scale-up must not keep an active pool asleep.
         replicas = 1
+    since_up = now - history.scaled_up_at if history.scaled_up_at is not None else math.inf
+    hold, why = HOLD_SECONDS, "after the last scale-up"
+    gap = history.burst_gap
+    if gap is not None and gap < BRIDGE_SECONDS:
+        hold, why = BRIDGE_SECONDS, f"after the last scale-up (bursts come {gap:.0f}s apart)"
+    if (
+        replicas < current
+        and behavior.scale_down is None
+        and since_up < hold
+        and not (current == 1 and replicas == 0)
+    ):
+        # A scale-down this soon after a scale-up would undo it (a flap), or be undone by the
+        # next burst: it waits.
+        replicas, reason = current, Reason.SCALE_DOWN_STABILIZED
+        message = f"{message}; held {hold - since_up:.0f}s more {why}"
+    if busy is not None and replicas < min(busy, current):
+        spared = min(busy, current)
+        message = (
+            f"{message}; {busy} pods hold jobs: scaling in to {spared}, not {replicas}, so no "
+            "running job is interrupted"
+        )
+        replicas, reason = spared, Reason.BUSY_PODS_SPARED
     if current == 0 and replicas > 0:
         reason = Reason.ACTIVATED
         message = f"activated from zero to {replicas}: {message}"
+    if replicas > current:
+        history = replace(history, starting=(now, replicas), scaled_up_at=now)
 
     return Decision(
         replicas=replicas,
@@ -568,10 +983,25 @@ def _decide_from_load(
     )
 
 
+# --- the HPA's stabilization and rate policies -----------------------------------------------
+
+
+def _up_window(behavior: Behavior) -> int:
+    rules = behavior.scale_up
+    return rules.stabilization_window_seconds if rules is not None else 0
+
+
+def _down_window(behavior: Behavior) -> int:
+    rules = behavior.scale_down
+    if rules is None:
+        return DEFAULT_SCALE_DOWN_WINDOW_SECONDS
+    return rules.stabilization_window_seconds
+
+
 def _stabilize(raw: int, current: int, history: History, behavior: Behavior, now: float) -> int:
     """The HPA's ``stabilizeRecommendationWithBehaviors``: clamp ``current`` into the windows."""
-    up_cutoff = now - behavior.scale_up.stabilization_window_seconds
-    down_cutoff = now - behavior.scale_down.stabilization_window_seconds
+    up_cutoff = now - _up_window(behavior)
+    down_cutoff = now - _down_window(behavior)
     up_recommendation = raw
     down_recommendation = raw
     for rec in history.recommendations:
@@ -588,8 +1018,13 @@ def _limit_rate(
     """The HPA's ``convertDesiredReplicasWithBehaviorRate``: rate policies, then bounds."""
     behavior = pool.behavior
     if desired > current:
-        disabled = behavior.scale_up.select_policy is SelectPolicy.DISABLED
-        limit = max(_scale_up_limit(current, history, behavior.scale_up, now), current)
+        up = behavior.scale_up
+        disabled = up is not None and up.select_policy is SelectPolicy.DISABLED
+        limit = (
+            max(_scale_up_limit(current, history, up, now), current)
+            if up is not None
+            else pool.max_replicas
+        )
         if pool.max_replicas > limit:
             allowed = limit
             if disabled:
@@ -602,8 +1037,13 @@ def _limit_rate(
         if desired > allowed:
             return allowed, why
     elif desired < current:
-        disabled = behavior.scale_down.select_policy is SelectPolicy.DISABLED
-        limit = min(_scale_down_limit(current, history, behavior.scale_down, now), current)
+        down = behavior.scale_down
+        disabled = down is not None and down.select_policy is SelectPolicy.DISABLED
+        limit = (
+            min(_scale_down_limit(current, history, down, now), current)
+            if down is not None
+            else pool.min_replicas
+        )
         if pool.min_replicas < limit:
             allowed = limit
             if disabled:
@@ -664,10 +1104,7 @@ def _scale_down_limit(current: int, history: History, rules: ScalingRules, now: 
 
 def _record_recommendation(history: History, behavior: Behavior, now: float, raw: int) -> History:
     """Append this tick's recommendation and drop those no window can see any more."""
-    window = max(
-        behavior.scale_up.stabilization_window_seconds,
-        behavior.scale_down.stabilization_window_seconds,
-    )
+    window = max(_up_window(behavior), _down_window(behavior))
     cutoff = now - window
     kept = tuple(rec for rec in history.recommendations if rec.at > cutoff)
     return replace(history, recommendations=(*kept, Recommendation(at=now, replicas=raw)))
@@ -678,9 +1115,13 @@ def _record_scale(
 ) -> History:
     """Remember a change of replicas for the rate policies; drop events older than any period."""
     period = max(
-        policy.period_seconds
-        for rules in (behavior.scale_up, behavior.scale_down)
-        for policy in rules.policies
+        (
+            policy.period_seconds
+            for rules in (behavior.scale_up, behavior.scale_down)
+            if rules is not None
+            for policy in rules.policies
+        ),
+        default=0,
     )
     cutoff = now - period
     ups = tuple(event for event in history.scale_ups if event.at > cutoff)

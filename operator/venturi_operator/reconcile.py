@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from venturi import Stats
-from venturi_operator import policy, status
+from venturi_operator import cadence, policy, scalein, status
 from venturi_operator.config import DEFAULT_MAX_REPLICAS
 from venturi_operator.databases import DatabaseError, Databases
 from venturi_operator.kube import SCALE_ANNOTATION, Kube, KubeError
@@ -48,6 +48,8 @@ class _Memory:
     histories: dict[str, policy.History] = field(default_factory=dict)
     replicas: dict[str, int] = field(default_factory=dict)
     """Each pool's replicas as of the last tick (for wake-from-zero on NOTIFY)."""
+    ticked_at: float | None = None
+    """When the last tick started (the wake rule's clock: cadence.wake_at)."""
     spec: JobQueueSpec | None = None
     problem: str | None = None
     """The reason the last tick was not Ready (Warnings are posted when it changes)."""
@@ -91,6 +93,32 @@ class Reconciler:
         pool = memory.spec.pool_for(kind)
         return pool is not None and memory.replicas.get(pool.deployment) == 0
 
+    def wake_delay(self, namespace: str, name: str, kind: str) -> float | None:
+        """Seconds until a NOTIFY for `kind` (any pool, for an empty kind) should tick this
+        JobQueue (cadence.wake_at): 0 for a pool at zero; None to leave it to the interval."""
+        memory = self._memory.get((namespace, name))
+        if memory is None or memory.spec is None:
+            return None
+        if kind:
+            pool = memory.spec.pool_for(kind)
+            pools = [pool] if pool is not None else []
+        else:
+            pools = list(memory.spec.pools)
+        now = self._clock()
+        times = [
+            when
+            for p in pools
+            if (
+                when := cadence.wake_at(
+                    decided=memory.replicas.get(p.deployment),
+                    last_tick=memory.ticked_at,
+                    now=now,
+                )
+            )
+            is not None
+        ]
+        return max(0.0, min(times) - now) if times else None
+
     async def forget(self, namespace: str, name: str) -> None:
         self._memory.pop((namespace, name), None)
         self.metrics.forget(namespace, name)
@@ -129,6 +157,7 @@ class Reconciler:
         memory: _Memory,
     ) -> TickResult:
         now_wall = self._wall()
+        memory.ticked_at = self._clock()
         previous_conditions = previous_status.get("conditions") or []
 
         def finish(conds: list[status.Condition], body: dict[str, Any]) -> dict[str, Any]:
@@ -158,6 +187,7 @@ class Reconciler:
         # 2. The stats, through the DSN in the Secret.
         stats: Stats | None = None
         db_problem: tuple[str, str] | None = None
+        dsn: str | None = None
         try:
             dsn = await self.kube.secret_value(
                 namespace, spec.database.secret_name, spec.database.key
@@ -174,7 +204,12 @@ class Reconciler:
             conflicts = await self.kube.other_autoscalers(namespace)
         except KubeError as exc:
             conflicts = {}
-            logger.warning("cannot check for other autoscalers in %s: %s", namespace, exc)
+            logger.warning(
+                "cannot check for other autoscalers in %s: %s",
+                namespace,
+                exc,
+                extra={"namespace": namespace, "jobqueue": name},
+            )
         now = self._clock()
         pools_status: list[dict[str, Any]] = []
         pool_snapshots: dict[str, PoolSnapshot] = {}
@@ -200,8 +235,9 @@ class Reconciler:
                 entry |= {"reason": problem[0], "message": problem[1]}
             else:
                 try:
+                    queue = (dsn, spec.database.prefix) if dsn and stats is not None else None
                     current, decision = await self._scale_pool(
-                        namespace, name, pool, load, memory, spec.paused, now, post
+                        namespace, name, pool, load, memory, spec.paused, now, post, queue
                     )
                 except (KubeError, Refused) as exc:
                     pool_problems.append((exc.reason, exc.message))
@@ -286,11 +322,15 @@ class Reconciler:
         paused: bool,
         now: float,
         post: EventSink,
+        queue: tuple[str, str] | None = None,
     ) -> tuple[int, policy.Decision]:
         """Read one pool's Deployment, decide with the pure policy, scale it if the replicas
         change (an Event and a metric), and remember the history; returns (current, decision).
         Refuses a pool above the operator's replica ceiling, or whose Deployment has not opted
-        in to this JobQueue: naming a Deployment must not be enough to scale it."""
+        in to this JobQueue: naming a Deployment must not be enough to scale it.
+
+        Before a scale-in, the pods' deletion costs are set from the jobs each holds, and the
+        policy decides again knowing how many pods are busy (it never scales in below them)."""
         if pool.max_replicas > self.max_replicas:
             raise Refused(
                 "MaxReplicasAboveLimit",
@@ -302,14 +342,25 @@ class Reconciler:
         if deployment.jobqueue != name:
             raise Refused("NotOptedIn", _not_opted_in(namespace, name, pool, deployment.jobqueue))
         current = deployment.replicas
-        decision = policy.decide(
-            load,
-            pool,
-            memory.histories.get(pool.deployment, policy.History()),
-            now,
-            current=current,
-            paused=paused,
-        )
+        history = memory.histories.get(pool.deployment, policy.History())
+
+        def decide(busy: int | None) -> policy.Decision:
+            return policy.decide(
+                load,
+                pool,
+                history,
+                now,
+                current=current,
+                paused=paused,
+                ready=deployment.ready,
+                busy=busy,
+            )
+
+        decision = decide(None)
+        if decision.replicas < current and queue is not None and deployment.selector:
+            busy = await self._mark_pods(namespace, deployment.selector, *queue)
+            if busy is not None:
+                decision = decide(busy)
         if decision.replicas != current:
             await self.kube.scale(namespace, pool.deployment, decision.replicas)
             direction = "up" if decision.replicas > current else "down"
@@ -328,11 +379,31 @@ class Reconciler:
                 current,
                 decision.replicas,
                 decision.reason,
+                extra={"namespace": namespace, "jobqueue": name},
             )
         # Kept only once the scale is applied: a failed patch loses just this tick's sample.
         memory.histories[pool.deployment] = decision.history
         memory.replicas[pool.deployment] = decision.replicas
         return current, decision
+
+    async def _mark_pods(self, namespace: str, selector: str, dsn: str, prefix: str) -> int | None:
+        """Set each pod's deletion cost to the jobs it holds; the busy pods, or None when the
+        pods or the claims cannot be read (the scale-in then goes ahead unspared, as before)."""
+        try:
+            pods = await self.kube.pods(namespace, selector)
+            claimed = await self.databases.claimed_by_pod(dsn, prefix)
+            costs = scalein.deletion_costs(pods, claimed)
+            for pod, cost in scalein.stale_costs(pods, costs).items():
+                await self.kube.set_deletion_cost(namespace, pod, cost)
+        except (KubeError, DatabaseError) as exc:
+            logger.warning(
+                "%s: cannot mark idle pods before a scale-in: %s",
+                namespace,
+                exc,
+                extra={"namespace": namespace},
+            )
+            return None
+        return scalein.busy_pods(costs)
 
 
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")

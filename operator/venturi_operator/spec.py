@@ -271,7 +271,8 @@ class JobQueueSpec:
 class QueueStats(Protocol):
     """The part of the runtime's ``venturi.Stats`` that scaling needs, all keyed by job kind.
 
-    Dead jobs (``dead_by_kind``) are left out on purpose: they need no worker.
+    Dead and completed jobs need no worker: their totals only tell, tick to tick, how many jobs
+    finished (the pool's completion rate).
     """
 
     @property
@@ -289,6 +290,16 @@ class QueueStats(Protocol):
         """Seconds the oldest eligible pending job of each kind has waited."""
         ...
 
+    @property
+    def completed_by_kind(self) -> Mapping[str, int]:
+        """Completed jobs kept (a cleanup lowers it)."""
+        ...
+
+    @property
+    def dead_by_kind(self) -> Mapping[str, int]:
+        """Dead jobs kept (a cleanup lowers it)."""
+        ...
+
 
 def pool_loads(spec: JobQueueSpec, stats: QueueStats) -> dict[str, PoolLoad]:
     """Each pool's load, keyed by deployment in spec order.
@@ -298,11 +309,14 @@ def pool_loads(spec: JobQueueSpec, stats: QueueStats) -> dict[str, PoolLoad]:
     """
     pending = {pool.deployment: 0 for pool in spec.pools}
     claimed = dict(pending)
+    finished = dict(pending)
     oldest: dict[str, float | None] = dict.fromkeys(pending)
     kinds = (
         set(stats.pending_by_kind)
         | set(stats.claimed_by_kind)
         | set(stats.oldest_pending_age_by_kind)
+        | set(stats.completed_by_kind)
+        | set(stats.dead_by_kind)
     )
     for kind in kinds:
         pool = spec.pool_for(kind)
@@ -311,6 +325,7 @@ def pool_loads(spec: JobQueueSpec, stats: QueueStats) -> dict[str, PoolLoad]:
         name = pool.deployment
         pending[name] += stats.pending_by_kind.get(kind, 0)
         claimed[name] += stats.claimed_by_kind.get(kind, 0)
+        finished[name] += stats.completed_by_kind.get(kind, 0) + stats.dead_by_kind.get(kind, 0)
         age = stats.oldest_pending_age_by_kind.get(kind)
         if age is not None and stats.pending_by_kind.get(kind, 0) > 0:
             # Database time can be a hair ahead of a job's run_at; an age is never negative.
@@ -319,7 +334,10 @@ def pool_loads(spec: JobQueueSpec, stats: QueueStats) -> dict[str, PoolLoad]:
             oldest[name] = age if current is None else max(current, age)
     return {
         name: PoolLoad(
-            pending=pending[name], claimed=claimed[name], oldest_pending_age=oldest[name]
+            pending=pending[name],
+            claimed=claimed[name],
+            oldest_pending_age=oldest[name],
+            finished=finished[name],
         )
         for name in pending
     }
@@ -492,10 +510,11 @@ def _parse_behavior(raw: object, path: str) -> Behavior:
     return Behavior(scale_up=scale_up, scale_down=scale_down)
 
 
-def _parse_rules(raw: object, path: str, default: ScalingRules) -> ScalingRules:
-    """One direction's rules; each absent field takes the HPA's default for that direction."""
+def _parse_rules(raw: object, path: str, default: ScalingRules) -> ScalingRules | None:
+    """One direction's rules, or None when the user set none (the policy's own then apply);
+    each absent field of rules that are set takes the HPA's default for that direction."""
     if raw is None:
-        return default
+        return None
     obj = _object(
         raw, path, ("stabilizationWindowSeconds", "selectPolicy", "policies", "tolerance")
     )

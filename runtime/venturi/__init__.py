@@ -5,7 +5,7 @@ Everything public is exported here; submodules prefixed with `_` are private.
 
 from venturi.backoff import Backoff
 from venturi.codec import Codec, JsonCodec
-from venturi.context import Context
+from venturi.context import CancelReason, Context
 from venturi.errors import (
     AttachmentTooLarge,
     DuplicateKindError,
@@ -14,6 +14,7 @@ from venturi.errors import (
     StoreClosedError,
     VenturiError,
 )
+from venturi.hooks import Hooks
 from venturi.identity import WorkerIdentity
 from venturi.jobs import (
     CleanupCriteria,
@@ -25,6 +26,7 @@ from venturi.jobs import (
     Stats,
 )
 from venturi.merge import DedupKey, Merge, Pending
+from venturi.middleware import CallNext, Middleware
 from venturi.outcome import Outcome, PanicPolicy, TaskError
 from venturi.postgres import PostgresStore
 from venturi.queue import Queue
@@ -36,11 +38,14 @@ __version__ = "0.1.0"
 __all__ = [
     "AttachmentTooLarge",
     "Backoff",
+    "CallNext",
+    "CancelReason",
     "CleanupCriteria",
     "Codec",
     "Context",
     "DedupKey",
     "DuplicateKindError",
+    "Hooks",
     "Job",
     "JobFilter",
     "JobStatus",
@@ -48,6 +53,7 @@ __all__ = [
     "JournalOutcome",
     "JsonCodec",
     "Merge",
+    "Middleware",
     "Outcome",
     "PanicPolicy",
     "PayloadError",

@@ -22,6 +22,7 @@ import logging
 import uuid
 from collections.abc import Callable, Iterator
 
+from venturi import logs
 from venturi._db.failures import describe, is_database_failure, is_refused_data
 from venturi._outage import Outage, next_delay
 from venturi._records import Settlement
@@ -88,6 +89,9 @@ class Completer:
                 "job %s (%s): finished after shutdown; not recorded",
                 settlement.id,
                 settlement.kind,
+                extra=logs.job_fields(
+                    settlement.id, settlement.kind, settlement.queue, settlement.run
+                ),
             )
             return
         self._buffer.append(settlement)
@@ -160,7 +164,7 @@ class Completer:
             bad.kind,
             bad.outcome,
             reason,
-            extra={"job_id": str(bad.id), "kind": bad.kind},
+            extra=logs.job_fields(bad.id, bad.kind, bad.queue, bad.run),
         )
         if bad.unrecordable is None:
             return  # nothing safer to write: the lease will bring the job back
@@ -174,6 +178,7 @@ class Completer:
                 bad.id,
                 bad.kind,
                 again,
+                extra=logs.job_fields(bad.id, bad.kind, bad.queue, bad.run),
             )
             return
         if owned is not None:
@@ -218,7 +223,7 @@ class Completer:
                     s.id,
                     s.kind,
                     s.outcome,
-                    extra={"job_id": str(s.id), "kind": s.kind},
+                    extra=logs.job_fields(s.id, s.kind, s.queue, s.run),
                 )
             if self._on_settled is not None:
                 self._on_settled(s, kept)

@@ -13,6 +13,7 @@ Errors name the keyword and never quote a value: a value may be the password.
 from __future__ import annotations
 
 import math
+import re
 import urllib.parse
 from dataclasses import dataclass, field
 
@@ -244,3 +245,46 @@ def _options(text: str) -> dict[str, str]:
             raise ValueError("connection string: each option must be name=value")
         settings[name.replace("-", "_")] = value
     return settings
+
+
+_BREAKS = re.compile(r"[\s/?#@\[\]&'\"\\]")
+"""Characters that cut a password into pieces a parser then quotes (as a port, a database
+name, a query field) when they are not percent-encoded."""
+_SPLIT = re.compile(r"[\s/?#@\[\]&'\"\\:=;,%]+")
+_PASSWORD_VALUE = re.compile(r"(?:^|[\s?&])(?:ssl)?password\s*=\s*", re.IGNORECASE)
+_NEXT_PARAMETER = re.compile(r"(?:&|\s+)[A-Za-z_]+\s*=")
+
+
+def secret_pieces(dsn: str | None, password: str | None = None) -> list[str]:
+    """What a message about `dsn` (and a password given apart, PGPASSWORD) must never
+    repeat: the password, as written and percent-decoded, and, when characters that break parsing
+    are in it, every piece a parser could have cut it into. Generous on purpose (for
+    redacting messages, never used to connect): a URI's password runs from the user name to
+    the last "@", and without a scheme all before it counts; a `password=` or `sslpassword=`
+    value (keyword form, or a URI's query) also runs to the next parameter."""
+    spans: list[tuple[str, bool]] = []  # (text, always cut into pieces)
+    if password:
+        spans.append((password, False))
+    if dsn:
+        _, sep, rest = dsn.partition("://")
+        try:
+            pairs = {} if sep else parse_keywords(dsn)
+        except ValueError:
+            pairs = {}
+        if pairs:
+            spans.extend((pairs[k], False) for k in ("password", "sslpassword") if pairs.get(k))
+        elif "@" in (body := rest if sep else dsn):
+            userinfo = body[: body.rfind("@")]
+            # No scheme: a parser may take the user name for one, and quote it.
+            spans.append((userinfo.partition(":")[2], False) if sep else (userinfo, True))
+        for match in _PASSWORD_VALUE.finditer(dsn):
+            tail = dsn[match.end() :]
+            end = _NEXT_PARAMETER.search(tail)
+            spans.append((tail[: end.start()] if end else tail, False))
+    pieces: set[str] = set()
+    for text, cut in spans:
+        pieces.update((text, urllib.parse.unquote(text)))
+        if cut or _BREAKS.search(text):  # parsers cut the text as written, not decoded
+            pieces.update(_SPLIT.split(text))
+    pieces.discard("")
+    return sorted(pieces, key=len, reverse=True)

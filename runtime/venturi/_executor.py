@@ -1,13 +1,14 @@
 """The executor: runs one claimed job through its handler and turns what happened into a
-`Settlement` (the outcome the completer writes). Pure mapping plus the handler call:
-decoding, the four outcomes, backoff and backstop, the panic policy, and release on abort.
+`Settlement` (the outcome the completer writes). Pure mapping plus the handler call
+(through the worker's middleware, composed once per registration): decoding, the four
+outcomes, backoff and backstop, the panic policy, and release on abort.
 
 Only a cancellation venturi asked for (shutdown, a lost lease) releases a job; anything
 else a handler raises, `CancelledError`, `KeyboardInterrupt` and `SystemExit` included, is
 that run's failure, so a handler can neither loop forever through releases nor take the
 worker, and every other job it runs, down with it.
 
-Called by the worker for each claimed job.
+Called by the runner for each claimed job.
 """
 
 from __future__ import annotations
@@ -23,10 +24,11 @@ from typing import Any
 import msgspec
 from ulid import ULID
 
+from venturi import logs
 from venturi._records import ClaimedJob, Settlement
 from venturi.backoff import Backoff, retry_delay
 from venturi.codec import DEFAULT_CODEC, Codec
-from venturi.context import Context
+from venturi.context import Cancellation, Context
 from venturi.errors import PayloadError
 from venturi.outcome import Outcome, PanicPolicy, TaskError, failure_note
 
@@ -40,16 +42,9 @@ class Registration:
     task_type: type[Any]
     kind: str
     handler: Handler
+    """The handler wrapped in the worker's middleware (the handler itself without any)."""
     carry_type: type[Any] | None
     cap: int | None
-
-
-@dataclass(slots=True)
-class Abort:
-    """Why venturi stopped a run, set before it cancels the handler's task. A handler's
-    task cancelled with no reason here was not cancelled by venturi."""
-
-    reason: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,32 +64,33 @@ async def execute(
     reg: Registration,
     app: Any,
     policy: Policy,
-    cancelled: asyncio.Event,
-    abort: Abort,
+    cancellation: Cancellation,
 ) -> Settlement:
     """Run `job` and return its settlement. A forced abort by venturi becomes a release."""
-    log_extra = {"job_id": str(job.id), "kind": job.kind}
+    log_extra = logs.job_fields(job.id, job.kind, job.queue, job.run_count)
     try:
         task = policy.codec.decode(reg.task_type, job.payload)
         carry = _decode_carry(policy.codec, reg.carry_type, job.carry)
     except (msgspec.ValidationError, msgspec.DecodeError, TypeError, ValueError) as exc:
         note = f"undecodable payload for kind {job.kind!r}: {exc}"
         logger.error("job %s (%s) dead: %s", job.id, job.kind, note, extra=log_extra)
-        return Settlement(job.id, job.claim_token, job.kind, "dead", note=note, duration_s=0.0)
+        return Settlement.of(job, "dead", note=note, duration_s=0.0)
 
     ctx: Context[Any] = Context(
         job_id=ULID.from_bytes(job.id.bytes),
         kind=job.kind,
+        queue=job.queue,
         run_count=job.run_count,
         history=job.history,
         carry=carry,
-        cancelled=cancelled,
+        cancellation=cancellation,
     )
     started = time.monotonic()
     try:
-        result = await reg.handler(task, ctx, app)
+        with logs.bound(log_extra):  # the handler's own records name its job too
+            result = await reg.handler(task, ctx, app)
     except asyncio.CancelledError:
-        reason = abort.reason
+        reason = cancellation.note if cancellation.forced else None
         if reason is None:
             current = asyncio.current_task()
             if current is None or not current.cancelling():
@@ -104,10 +100,8 @@ async def execute(
                 return _failure(job, ctx, policy, stray, started, permanent=False)
             reason = "cancelled from outside venturi (the event loop is shutting down?)"
         logger.warning("job %s (%s) released: %s", job.id, job.kind, reason, extra=log_extra)
-        return Settlement(
-            job.id,
-            job.claim_token,
-            job.kind,
+        return Settlement.of(
+            job,
             "released",
             note=reason,
             duration_s=time.monotonic() - started,
@@ -132,10 +126,8 @@ async def execute(
         return _failure(job, ctx, policy, exc, started, permanent=permanent)
     unrecordable = functools.partial(_unrecordable, job, policy, duration)
     if result.status == "completed":
-        return Settlement(
-            job.id,
-            job.claim_token,
-            job.kind,
+        return Settlement.of(
+            job,
             "completed",
             note=result.note,
             attachment=attachment,
@@ -145,10 +137,8 @@ async def execute(
     carry_json, carry_error = _encode_carry(policy.codec, ctx)
     if carry_error is not None:
         return _failure(job, ctx, policy, carry_error, started, permanent=False)
-    return Settlement(
-        job.id,
-        job.claim_token,
-        job.kind,
+    return Settlement.of(
+        job,
         "paused",
         delay_s=result.delay,
         carry=carry_json,
@@ -215,12 +205,12 @@ def _failed(
 ) -> Settlement:
     """A failed execution: dead when permanent or at the backstop, else retried with backoff."""
     failures = job.failures + 1
-    log_extra = {"job_id": str(job.id), "kind": job.kind}
+    log_extra = logs.job_fields(job.id, job.kind, job.queue, job.run_count)
     if permanent or (policy.backstop is not None and failures >= policy.backstop):
         if not permanent:
             message = f"backstop reached after {failures} failed executions; last: {message}"
         logger.warning("job %s (%s) dead: %s", job.id, job.kind, message, extra=log_extra)
-        return Settlement(job.id, job.claim_token, job.kind, "dead", note=message, **common)
+        return Settlement.of(job, "dead", note=message, **common)
     delay = retry_delay(job_backoff(job, policy), failures, job.id.bytes, policy.jitter_fraction)
     logger.info(
         "job %s (%s) failed (%d), retry in %.3fs: %s",
@@ -231,9 +221,7 @@ def _failed(
         message,
         extra=log_extra,
     )
-    return Settlement(
-        job.id, job.claim_token, job.kind, "failed", delay_s=delay, note=message, **common
-    )
+    return Settlement.of(job, "failed", delay_s=delay, note=message, **common)
 
 
 def job_backoff(

@@ -1,55 +1,71 @@
-"""Lifecycle hooks the queue and worker call; the default does nothing.
+"""Dispatch of lifecycle events to the configured `Hooks`.
 
-`venturi.metrics` implements them with prometheus-client. Keeping this seam here means the
-package never imports prometheus-client unless metrics were asked for.
+Callers check `active` before building an event, so a worker or queue without hooks pays
+one attribute read per lifecycle point, and never imports prometheus-client unless metrics
+were asked for. A hook that raises is logged and skipped.
 """
 
 from __future__ import annotations
 
-from typing import Protocol
+import logging
+from collections.abc import Sequence
+
+from venturi.hooks import Claimed, Dead, Enqueued, Finished, Hooks, Recovered, Settled, Started
+
+logger = logging.getLogger("venturi.hooks")
 
 
-class Hooks(Protocol):
-    """An observer of the job lifecycle."""
+class HookSet:
+    """The hooks of one worker or queue, called in order."""
 
-    def enqueued(self, kind: str, count: int = 1) -> None: ...
+    __slots__ = ("_hooks", "active")
 
-    def merged(self, kind: str, action: str) -> None: ...
+    def __init__(self, hooks: Sequence[Hooks]) -> None:
+        for hook in hooks:
+            if not isinstance(hook, Hooks):
+                raise TypeError(f"hooks: expected venturi.Hooks instances, got {hook!r}")
+        self._hooks = tuple(hooks)
+        self.active = bool(self._hooks)
 
-    def claimed(self, kind: str, latency_s: float) -> None: ...
+    def _each(self, point: str, event: object) -> None:
+        for hook in self._hooks:
+            try:
+                getattr(hook, point)(event)
+            except Exception:
+                logger.exception("hook %s.%s failed", type(hook).__qualname__, point)
 
-    def settled(self, kind: str, outcome: str, duration_s: float | None) -> None: ...
+    def enqueued(self, event: Enqueued) -> None:
+        self._each("enqueued", event)
 
-    def recovered(self, kind: str) -> None: ...
+    def claimed(self, event: Claimed) -> None:
+        self._each("claimed", event)
 
-    def running(self, kind: str, delta: int) -> None: ...
+    def started(self, event: Started) -> None:
+        self._each("started", event)
 
+    def finished(self, event: Finished) -> None:
+        self._each("finished", event)
 
-class NoHooks:
-    """The default observer: does nothing."""
+    def settled(self, event: Settled) -> None:
+        self._each("settled", event)
 
-    def enqueued(self, kind: str, count: int = 1) -> None: ...
+    def dead(self, event: Dead) -> None:
+        self._each("dead", event)
 
-    def merged(self, kind: str, action: str) -> None: ...
-
-    def claimed(self, kind: str, latency_s: float) -> None: ...
-
-    def settled(self, kind: str, outcome: str, duration_s: float | None) -> None: ...
-
-    def recovered(self, kind: str) -> None: ...
-
-    def running(self, kind: str, delta: int) -> None: ...
-
-
-NO_HOOKS: Hooks = NoHooks()
+    def recovered(self, event: Recovered) -> None:
+        self._each("recovered", event)
 
 
-def metrics_hooks(enabled: bool) -> Hooks:
-    """Prometheus hooks when `enabled` (imports prometheus-client), else the no-op hooks."""
-    if not enabled:
-        return NO_HOOKS
-    try:
-        from venturi.metrics import PrometheusHooks
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError("metrics need prometheus-client: install venturi[metrics]") from exc
-    return PrometheusHooks()
+def hook_set(hooks: Sequence[Hooks] | None, *, metrics: bool) -> HookSet:
+    """The user's hooks, plus Prometheus metrics first when `metrics` (needs the extra)."""
+    chosen = list(hooks or ())
+    if metrics:
+        try:
+            from venturi.metrics import PrometheusHooks
+        except ImportError as exc:  # pragma: no cover - depends on the environment
+            raise ImportError("metrics need prometheus-client: install venturi[metrics]") from exc
+        chosen.insert(0, PrometheusHooks())
+    return HookSet(chosen)
+
+
+NO_HOOKS = HookSet(())

@@ -9,11 +9,11 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
 
 from ulid import ULID
 
-from venturi.jobs import JournalEntry
+from venturi.jobs import JobStatus, JournalEntry
 
 
 @dataclass(slots=True)  # not frozen: built once per enqueued job, frozen init costs
@@ -125,6 +125,7 @@ class ClaimedJob:
 
     id: uuid.UUID
     kind: str
+    queue: str
     payload: str
     carry: str | None
     run_count: int
@@ -148,6 +149,8 @@ class Settlement:
     id: uuid.UUID
     claim_token: uuid.UUID
     kind: str
+    queue: str
+    run: int
     outcome: SettledAs
     """The journal's outcome (completed, paused, failed, dead, released), or "returned" for
     a prefetched job handed back unrun (nothing journaled)."""
@@ -160,6 +163,15 @@ class Settlement:
     unrecordable: Callable[[str], Settlement] | None = None
     """What to write instead if the database refuses this settlement's data: a failed
     execution with the given reason (built by the executor, which knows the job's policy)."""
+
+    @classmethod
+    def of(cls, job: ClaimedJob, outcome: SettledAs, **fields: Any) -> Settlement:
+        """The settlement of `job`'s current claim."""
+        return cls(job.id, job.claim_token, job.kind, job.queue, job.run_count, outcome, **fields)
+
+    @property
+    def ulid(self) -> ULID:
+        return ULID.from_bytes(self.id.bytes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,6 +195,18 @@ class Recovery:
     dead: bool
     delay_s: float
     note: str
+
+
+@dataclass(frozen=True, slots=True)
+class Recovered:
+    """What became of one recovered job: pending again (after backoff), or dead."""
+
+    id: ULID
+    kind: str
+    queue: str
+    run: int
+    status: JobStatus
+    note: str | None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,12 +23,16 @@ import contextlib
 import logging
 import math
 
+from venturi import logs
 from venturi._db.failures import is_database_failure
 from venturi._executor import Policy, job_backoff
-from venturi._hooks import Hooks
+from venturi._hooks import HookSet
 from venturi._outage import Outage, next_delay
 from venturi._records import Recovery, StaleJob
 from venturi.backoff import retry_delay
+from venturi.hooks import Dead
+from venturi.hooks import Recovered as RecoveredEvent
+from venturi.jobs import JobStatus
 from venturi.postgres import PostgresStore
 
 logger = logging.getLogger(__name__)
@@ -64,7 +68,7 @@ class Rescuer:
         queues: list[str],
         worker: str,
         poll_max: float,
-        hooks: Hooks,
+        hooks: HookSet,
         outage: Outage | None = None,
     ):
         self._hooks = hooks
@@ -128,15 +132,18 @@ class Rescuer:
                 queues=self._queues,
                 worker=self._worker,
             )
-            for job_id, kind, status in recovered:
-                self._hooks.recovered(kind)
+            for r in recovered:
                 logger.warning(
                     "job %s (%s) recovered after its lease expired: now %s",
-                    job_id,
-                    kind,
-                    status,
-                    extra={"job_id": str(job_id), "kind": kind},
+                    r.id,
+                    r.kind,
+                    r.status,
+                    extra=logs.job_fields(r.id, r.kind, r.queue, r.run),
                 )
+                if self._hooks.active:
+                    self._hooks.recovered(RecoveredEvent(r.id, r.kind, r.queue, r.status.value))
+                    if r.status is JobStatus.DEAD:
+                        self._hooks.dead(Dead(r.id, r.kind, r.queue, r.run, r.note))
             if not recovered:
                 # Expired but locked by another rescuer right now: look again shortly.
                 return min(EXPIRY_SLACK * 2, self._poll_max)

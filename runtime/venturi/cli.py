@@ -12,6 +12,10 @@ Every command takes the DSN from --dsn or VENTURI_DSN and the prefix from --pref
 VENTURI_PREFIX; `--json` prints machine-readable output. A missing or unreachable database,
 an unmigrated schema, a bad argument or a worker factory that fails to load is one clear
 line on stderr and exit status 2, not a traceback (`--debug` adds the traceback).
+
+Logs go to stderr, as text or as JSON lines (--log-format / VENTURI_LOG_FORMAT), from
+--log-level / VENTURI_LOG_LEVEL up (info for `worker`, warning for the rest); the DSN's
+password (and PGPASSWORD) is redacted from them and from error lines.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import asyncio
 import importlib
 import inspect
 import json
+import logging
 import os
 import re
 import signal
@@ -33,6 +38,8 @@ from typing import Any
 import asyncpg
 from ulid import ULID
 
+from venturi import logs
+from venturi._dsn import secret_pieces
 from venturi.embedded import EmbeddedPostgresError
 from venturi.errors import SchemaError
 from venturi.jobs import CleanupCriteria, Job, JobFilter, JobStatus, JournalEntry, Stats
@@ -42,6 +49,8 @@ from venturi.worker import Worker
 
 _DURATION = re.compile(r"(?P<n>\d+(?:\.\d+)?)(?P<unit>s|m|h|d|w)")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
+
+logger = logging.getLogger(__name__)
 
 
 class UsageError(Exception):
@@ -72,6 +81,20 @@ def positive_int(text: str) -> int:
     return value
 
 
+def log_format(text: str) -> str:
+    """--log-format (or VENTURI_LOG_FORMAT): text or json."""
+    if text not in logs.FORMATS:
+        raise argparse.ArgumentTypeError(f"expected text or json, got {text!r}")
+    return text
+
+
+def log_level(text: str) -> str:
+    """--log-level (or VENTURI_LOG_LEVEL): debug, info, warning or error."""
+    if text.lower() not in logs.LEVELS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(logs.LEVELS)}, got {text!r}")
+    return text.lower()
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="venturi", description="Typed jobs on PostgreSQL.")
     common = argparse.ArgumentParser(add_help=False)
@@ -86,6 +109,19 @@ def _parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="machine-readable output")
     common.add_argument(
         "--debug", action="store_true", help="print the traceback behind an error message"
+    )
+    common.add_argument(
+        "--log-format",
+        type=log_format,
+        default=os.environ.get("VENTURI_LOG_FORMAT", "text"),
+        help="text or json, one object per line (env VENTURI_LOG_FORMAT, default text)",
+    )
+    common.add_argument(
+        "--log-level",
+        type=log_level,
+        default=os.environ.get("VENTURI_LOG_LEVEL"),
+        help="debug, info, warning or error (env VENTURI_LOG_LEVEL; default info for "
+        "worker, warning for the other commands)",
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -208,18 +244,17 @@ async def _worker(args: argparse.Namespace, store: PostgresStore) -> None:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, shutdown.set)
-    print(f"venturi: worker {built.identity} serving {built.kinds}", file=sys.stderr)
-    await built.run(shutdown)
-    if built.abandoned:
-        # Their jobs were released; waiting for handlers that ignore cancellation would
-        # keep the process alive forever (asyncio.run awaits every task it cancels).
-        print(
-            f"venturi: exiting without {built.abandoned} handlers that ignored cancellation",
-            file=sys.stderr,
-        )
-        sys.stdout.flush()
-        sys.stderr.flush()
-        os._exit(0)
+    # Every task the worker starts inherits the field: each of its records names it.
+    with logs.bound({"worker": str(built.identity)}):
+        logger.info("worker %s serving %s", built.identity, built.kinds)
+        await built.run(shutdown)
+        if built.abandoned:
+            # Their jobs were released; waiting for handlers that ignore cancellation would
+            # keep the process alive forever (asyncio.run awaits every task it cancels).
+            logger.warning("exiting without %d handlers that ignored cancellation", built.abandoned)
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(0)
 
 
 def _describe(exc: BaseException) -> str:
@@ -386,20 +421,35 @@ def _table(rows: Sequence[tuple[str, ...]]) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    # Parsers and servers quote what they failed on: never a piece of the password.
+    secrets = secret_pieces(args.dsn, os.environ.get("PGPASSWORD"))
+    level = args.log_level or ("info" if args.command == "worker" else "warning")
+    logs.configure(args.log_format, level, redact=secrets)
+    redact = logs.Redactor(secrets)
     try:
         return asyncio.run(_run(args))
     except (UsageError, SchemaError, ValueError) as exc:
-        return _fail(args, exc, f"venturi: {exc}")
-    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError, EmbeddedPostgresError) as exc:
-        return _fail(args, exc, f"venturi: database error: {exc}")
+        return _fail(args, exc, str(exc), redact)
+    except (
+        OSError,
+        OverflowError,  # a port above 65535
+        asyncpg.PostgresError,
+        asyncpg.InterfaceError,
+        EmbeddedPostgresError,
+    ) as exc:
+        return _fail(args, exc, f"database error: {exc}", redact)
     except KeyboardInterrupt:
         return 130
 
 
-def _fail(args: argparse.Namespace, exc: BaseException, line: str) -> int:
+def _fail(args: argparse.Namespace, exc: BaseException, message: str, redact: logs.Redactor) -> int:
+    """One line on stderr (a JSON record with --log-format json), exit status 2."""
+    if args.log_format == "json":
+        logger.error("%s", message, exc_info=exc if args.debug else None)
+        return 2
     if args.debug:
-        traceback.print_exception(exc)
-    print(line, file=sys.stderr)
+        print(redact("".join(traceback.format_exception(exc))), end="", file=sys.stderr)
+    print(redact(f"venturi: {message}"), file=sys.stderr)
     return 2
 
 

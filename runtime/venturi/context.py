@@ -2,12 +2,13 @@
 
 The worker builds one per run. The handler reads `run_count` and `history`, mutates
 `carry` (persisted when the job pauses or is retried), attaches evidence to this run's
-journal entry, and watches for the cooperative cancel raised at shutdown.
+journal entry, and watches for the cooperative cancel, whose `cancel_reason` says why it came.
 """
 
 from __future__ import annotations
 
 import asyncio
+import enum
 from typing import Any, Generic, TypeVar
 
 import msgspec
@@ -25,30 +26,81 @@ ATTACHMENT_MAX_BYTES = 64 * 1024
 _encoder = msgspec.json.Encoder()
 
 
+class CancelReason(enum.StrEnum):
+    """Why the worker asked a run to stop."""
+
+    SHUTDOWN = "shutdown"
+    """The worker is shutting down: checkpoint (pause with the carry) or finish quickly."""
+    LEASE_LOST = "lease_lost"
+    """The job's lease was lost (recovered elsewhere) or could not be renewed in time: stop;
+    whatever the run does now no longer counts."""
+    TIMEOUT = "timeout"
+    """The run took longer than its task's timeout."""
+
+
+class Cancellation:
+    """The cancel signal of one run, shared by the worker (which raises it) and the run's
+    `Context` (which reads it). `forced` is set when the worker also cancels the handler's
+    task: the executor then releases the job with `note`, instead of failing the run."""
+
+    __slots__ = ("event", "forced", "note", "reason")
+
+    def __init__(self) -> None:
+        self.event = asyncio.Event()
+        self.reason: CancelReason | None = None
+        self.forced = False
+        self.note: str | None = None
+
+    def request(self, reason: CancelReason) -> None:
+        """Ask the run to wind down (the first reason given is kept)."""
+        if self.reason is None:
+            self.reason = reason
+        self.event.set()
+
+    def force(self, reason: CancelReason, note: str) -> None:
+        """Record a forced abort; the caller cancels the task."""
+        self.request(reason)
+        if not self.forced:
+            self.forced = True
+            self.note = note
+
+
 class Context(Generic[C]):
     """The execution context of one run of one job."""
 
-    __slots__ = ("_attachment", "_cancelled", "carry", "history", "job_id", "kind", "run_count")
+    __slots__ = (
+        "_attachment",
+        "_cancellation",
+        "carry",
+        "history",
+        "job_id",
+        "kind",
+        "queue",
+        "run_count",
+    )
 
     def __init__(
         self,
         *,
         job_id: ULID,
         kind: str,
+        queue: str,
         run_count: int,
         history: tuple[JournalEntry, ...],
         carry: C,
-        cancelled: asyncio.Event,
+        cancellation: Cancellation,
     ) -> None:
         self.job_id = job_id
         self.kind = kind
+        self.queue = queue
+        """The named queue the job was claimed from."""
         self.run_count = run_count
         """This run's number: 1 on the first run, counting every claim."""
         self.history = history
         """The job's earlier journal entries, oldest first."""
         self.carry = carry
         """The typed carry; mutate it freely, it is saved when the job pauses or retries."""
-        self._cancelled = cancelled
+        self._cancellation = cancellation
         self._attachment: bytes | None = None
 
     def attach(self, value: Any) -> None:
@@ -84,9 +136,14 @@ class Context(Generic[C]):
 
     @property
     def is_cancelled(self) -> bool:
-        """True once the worker asked running handlers to wind down (shutdown)."""
-        return self._cancelled.is_set()
+        """True once the worker asked this run to wind down (see `cancel_reason`)."""
+        return self._cancellation.event.is_set()
+
+    @property
+    def cancel_reason(self) -> CancelReason | None:
+        """Why the run was asked to stop: shutdown, a lost lease, or a timeout (None: not)."""
+        return self._cancellation.reason
 
     async def cancelled(self) -> None:
-        """Wait until the worker asks running handlers to wind down."""
-        await self._cancelled.wait()
+        """Wait until the worker asks this run to wind down."""
+        await self._cancellation.event.wait()

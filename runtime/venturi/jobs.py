@@ -97,7 +97,9 @@ class Stats:
     """A snapshot of live queue state, from one grouped query over partial indexes.
 
     Ages are seconds, measured by the database clock. "Pending" counts jobs eligible now;
-    jobs waiting for a future run_at are counted in `scheduled_by_kind`.
+    jobs waiting for a future run_at are counted in `scheduled_by_kind`. `completed_by_kind`
+    and `dead_by_kind` are totals of the jobs kept (cleanup lowers them): two snapshots'
+    difference is the jobs that finished in between, unless a cleanup ran meanwhile.
     """
 
     pending_by_kind: Mapping[str, int] = field(default_factory=dict)
@@ -105,6 +107,7 @@ class Stats:
     claimed_by_kind: Mapping[str, int] = field(default_factory=dict)
     dead_by_kind: Mapping[str, int] = field(default_factory=dict)
     oldest_pending_age_by_kind: Mapping[str, float] = field(default_factory=dict)
+    completed_by_kind: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def pending(self) -> int:
@@ -117,6 +120,10 @@ class Stats:
     @property
     def dead(self) -> int:
         return sum(self.dead_by_kind.values())
+
+    @property
+    def completed(self) -> int:
+        return sum(self.completed_by_kind.values())
 
     @property
     def oldest_pending_age(self) -> float | None:

@@ -14,6 +14,8 @@ import threading
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from venturi.hooks import Claimed, Enqueued, Finished, Hooks, Recovered, Settled, Started
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 ENQUEUED = Counter("venturi_jobs_enqueued_total", "Jobs enqueued.", ["kind"])
@@ -40,29 +42,32 @@ HANDLER_DURATION = Histogram(
 IN_FLIGHT = Gauge("venturi_jobs_in_flight", "Jobs running in this process.", ["kind"])
 
 
-class PrometheusHooks:
-    """Records the lifecycle into the metrics above (implements venturi._hooks.Hooks)."""
+class PrometheusHooks(Hooks):
+    """Records the lifecycle into the metrics above: metrics are one hook among others."""
 
-    def enqueued(self, kind: str, count: int = 1) -> None:
-        ENQUEUED.labels(kind).inc(count)
+    def enqueued(self, event: Enqueued) -> None:
+        if event.merged is None:
+            ENQUEUED.labels(event.kind).inc()
+        else:
+            MERGED.labels(event.kind, event.merged).inc()
 
-    def merged(self, kind: str, action: str) -> None:
-        MERGED.labels(kind, action).inc()
+    def claimed(self, event: Claimed) -> None:
+        CLAIMED.labels(event.kind).inc()
+        CLAIM_LATENCY.labels(event.kind).observe(max(event.waited_s, 0.0))
 
-    def claimed(self, kind: str, latency_s: float) -> None:
-        CLAIMED.labels(kind).inc()
-        CLAIM_LATENCY.labels(kind).observe(max(latency_s, 0.0))
+    def started(self, event: Started) -> None:
+        IN_FLIGHT.labels(event.kind).inc()
 
-    def settled(self, kind: str, outcome: str, duration_s: float | None) -> None:
-        SETTLED.labels(kind, outcome).inc()
-        if duration_s is not None:
-            HANDLER_DURATION.labels(kind).observe(duration_s)
+    def finished(self, event: Finished) -> None:
+        IN_FLIGHT.labels(event.kind).dec()
+        if event.duration_s is not None:
+            HANDLER_DURATION.labels(event.kind).observe(event.duration_s)
 
-    def recovered(self, kind: str) -> None:
-        RECOVERED.labels(kind).inc()
+    def settled(self, event: Settled) -> None:
+        SETTLED.labels(event.kind, event.outcome if event.kept else "lost").inc()
 
-    def running(self, kind: str, delta: int) -> None:
-        IN_FLIGHT.labels(kind).inc(delta)
+    def recovered(self, event: Recovered) -> None:
+        RECOVERED.labels(event.kind).inc()
 
 
 _served: dict[int, object] = {}

@@ -37,6 +37,7 @@ from venturi._records import (
     MergePlan,
     NewJob,
     NewJobs,
+    Recovered,
     Recovery,
     Settlement,
     StaleJob,
@@ -485,7 +486,7 @@ class PostgresStore:
     async def claim(
         self,
         *,
-        queue: str,
+        queues: Sequence[str],
         kinds: Sequence[str],
         limit: int,
         worker: str,
@@ -495,8 +496,9 @@ class PostgresStore:
         reserved_normal: int = 0,
         held_lease_s: float | None = None,
     ) -> list[ClaimedJob]:
-        """Claim up to `limit` jobs; `reserved_low` of the slots go to LOW jobs first and
-        `reserved_normal` to NORMAL-or-LOW ones (anti-starvation), the rest to any tier.
+        """Claim up to `limit` jobs of `queues`, emptying them in that order (one statement);
+        within a queue `reserved_low` of the slots go to LOW jobs first and `reserved_normal`
+        to NORMAL-or-LOW ones (anti-starvation), the rest to any tier.
 
         `held_lease_s` is how long the shortest lease this worker already holds has left
         (None: it holds none). A claim whose leases end sooner than that announces them
@@ -505,11 +507,11 @@ class PostgresStore:
         """
         rows = await self._run.fetch(
             self._q["job_claim"],
-            queue=queue,
+            queues=list(queues),
             kinds=list(kinds),
-            low_slots=reserved_low,
-            normal_slots=reserved_normal,
-            any_slots=limit - reserved_low - reserved_normal,
+            n=limit,
+            reserved_low=reserved_low,
+            reserved_normal=reserved_normal,
             worker=worker,
             pod=pod,
             default_lease_s=default_lease_s,
@@ -520,6 +522,7 @@ class PostgresStore:
             ClaimedJob(
                 id=r["id"],
                 kind=r["kind"],
+                queue=r["queue"],
                 payload=r["payload"],
                 carry=r["carry"],
                 run_count=r["run_count"],
@@ -583,9 +586,9 @@ class PostgresStore:
         queues: Sequence[str],
         worker: str,
         limit: int = 500,
-    ) -> list[tuple[uuid.UUID, str, JobStatus]]:
+    ) -> list[Recovered]:
         """Recover jobs of `queues` whose lease expired: lock them, let `decide` (pure)
-        choose, write. Returns (id, kind, new status) for each recovered job.
+        choose, write. Returns what became of each recovered job.
         """
         async with self._run.transaction() as tx:
             rows = await tx.fetch(self._q["job_select_stale"], limit=limit, queues=list(queues))
@@ -615,7 +618,17 @@ class PostgresStore:
                 worker=worker,
                 channel=self.channel,
             )
-        return [(r["id"], r["kind"], JobStatus(r["status"])) for r in recovered]
+        return [
+            Recovered(
+                id=ULID.from_bytes(r["id"].bytes),
+                kind=r["kind"],
+                queue=r["queue"],
+                run=r["run_count"],
+                status=JobStatus(r["status"]),
+                note=r["note"],
+            )
+            for r in recovered
+        ]
 
     async def next_lease_expiry(self, queues: Sequence[str]) -> float | None:
         """Seconds until the earliest lease in `queues` expires (negative if already
@@ -780,6 +793,7 @@ class PostgresStore:
         scheduled: dict[str, int] = {}
         claimed: dict[str, int] = {}
         dead: dict[str, int] = {}
+        completed: dict[str, int] = {}
         oldest: dict[str, float] = {}
         for r in rows:
             status, kind, total = r["status"], r["kind"], r["n"]
@@ -793,6 +807,8 @@ class PostgresStore:
                     oldest[kind] = max(0.0, r["oldest_s"])
             elif status == "claimed":
                 claimed[kind] = total
+            elif status == "completed":
+                completed[kind] = total
             else:
                 dead[kind] = total
         return Stats(
@@ -801,7 +817,14 @@ class PostgresStore:
             claimed_by_kind=claimed,
             dead_by_kind=dead,
             oldest_pending_age_by_kind=oldest,
+            completed_by_kind=completed,
         )
+
+    @_schema_required
+    async def claimed_by_pod(self) -> dict[str, int]:
+        """Claimed jobs per pod (workers outside Kubernetes have no pod)."""
+        rows = await self._run.fetch(self._q["claimed_by_pod"])
+        return {r["claimed_pod"]: r["n"] for r in rows}
 
 
 def _job(row: asyncpg.Record, codec: Codec) -> Job:

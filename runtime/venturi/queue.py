@@ -15,17 +15,18 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
 
 from ulid import ULID
 
-from venturi._hooks import metrics_hooks
+from venturi._hooks import hook_set
 from venturi._records import ExistingJob, MergePlan, NewJob, NewJobs
 from venturi._settings import DEFAULT_QUEUE, check_lease, check_queue_name
 from venturi.backoff import MAX_DELAY, Backoff, Seconds, to_seconds
 from venturi.codec import DEFAULT_CODEC, Codec
+from venturi.hooks import Enqueued, Hooks
 from venturi.jobs import CleanupCriteria, Job, JobFilter, JobStatus, JournalEntry, Stats
 from venturi.merge import DedupKey, Merge, MergeAction, Pending
 from venturi.postgres import Connection, PostgresStore
@@ -92,12 +93,13 @@ class Queue:
         store: PostgresStore,
         *,
         queue: str = DEFAULT_QUEUE,
+        hooks: Sequence[Hooks] = (),
         metrics: bool = False,
         codec: Codec = DEFAULT_CODEC,
     ) -> None:
         self.store = store
         self.queue = check_queue_name(queue)
-        self.hooks = metrics_hooks(metrics)
+        self.hooks = hook_set(hooks, metrics=metrics)
         self.codec = codec
 
     async def enqueue(
@@ -127,7 +129,8 @@ class Queue:
         if job.dedup_key is None:
             await store.insert(NewJobs.of([job]))
             self._log(job)
-            self.hooks.enqueued(job.kind)
+            if self.hooks.active:
+                self.hooks.enqueued(Enqueued(job.id, job.kind, job.queue))
             return job.id
         plans: list[MergePlan] = []
 
@@ -137,10 +140,9 @@ class Queue:
 
         holder = await store.insert_deduplicated(job, decide)
         self._log(job)
-        if plans and plans[0].action != "independent":
-            self.hooks.merged(job.kind, plans[0].action)
-        else:
-            self.hooks.enqueued(job.kind)
+        if self.hooks.active:
+            merged = plans[0].action if plans and plans[0].action != "independent" else None
+            self.hooks.enqueued(Enqueued(holder, job.kind, job.queue, merged))
         return holder
 
     def _merge_plan(self, task: Task[Any], job: NewJob, existing: ExistingJob) -> MergePlan:
@@ -240,17 +242,19 @@ class Queue:
             encode = self.codec.encode
             payloads = [encode(t, kind=k) for t, k in zip(tasks, kinds, strict=True)]
             await store.insert(NewJobs(self.queue, ids, kinds, [tier] * len(ids), payloads))
-            for kind in kinds:
-                self.hooks.enqueued(kind)
+            if self.hooks.active:
+                for job_id, kind in zip(ids, kinds, strict=True):
+                    self.hooks.enqueued(Enqueued(job_id, kind, self.queue))
             logger.debug("enqueued %d jobs", len(ids))
             return ids
         jobs = [
             self._new_job(t, priority=priority, job_id=i) for t, i in zip(tasks, ids, strict=True)
         ]
-        await store.insert(NewJobs.of([j for j in jobs if j.dedup_key is None]))
-        for j in jobs:
-            if j.dedup_key is None:
-                self.hooks.enqueued(j.kind)
+        plain = [j for j in jobs if j.dedup_key is None]
+        await store.insert(NewJobs.of(plain))
+        if self.hooks.active:
+            for j in plain:
+                self.hooks.enqueued(Enqueued(j.id, j.kind, j.queue))
         ids = []
         for task, job in zip(tasks, jobs, strict=True):
             if job.dedup_key is None:
@@ -291,8 +295,14 @@ class Queue:
         return await self.store.journal(job_id)
 
     async def stats(self) -> Stats:
-        """Live counts by kind: pending (eligible), scheduled, claimed, dead, oldest age."""
+        """Live counts by kind: pending (eligible), scheduled, claimed, dead, completed, oldest
+        age."""
         return await self.store.stats()
+
+    async def claimed_by_pod(self) -> dict[str, int]:
+        """Claimed jobs per pod name (the worker's `WorkerIdentity.pod`), busy pods only; jobs
+        claimed outside Kubernetes are not counted. The operator spares busy pods with it."""
+        return await self.store.claimed_by_pod()
 
     def _new_job(
         self,

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 import yaml
 
-from venturi import Worker
+from venturi import Worker, logs
 from venturi_operator.dsn import describe
 from venturi_operator.kube import SCALE_ANNOTATION
 from venturi_operator.spec import parse_spec
@@ -71,6 +71,7 @@ def test_the_names_agree() -> None:
         "key": database["key"],
     }
     assert variables["VENTURI_PREFIX"]["value"] == database["prefix"]
+    assert variables["VENTURI_LOG_FORMAT"]["value"] in logs.FORMATS
     migrate = load("migrate-job.yaml")
     (job_container,) = migrate["spec"]["template"]["spec"]["containers"]
     assert env(job_container)["VENTURI_DSN"] == variables["VENTURI_DSN"]

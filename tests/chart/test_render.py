@@ -40,6 +40,7 @@ EXPECTED_RULES = sorted(
         ("venturi.dev", "jobqueues/status", ("get", "patch")),
         ("apps", "deployments", ("get",)),
         ("apps", "deployments/scale", ("get", "patch")),
+        ("", "pods", ("get", "list", "patch")),
         ("autoscaling", "horizontalpodautoscalers", ("list",)),
         ("keda.sh", "scaledobjects", ("list",)),
         ("", "secrets", ("get",)),
@@ -124,6 +125,7 @@ def test_operator_deployment() -> None:
         "--metrics-port=8080",
         "--liveness=http://0.0.0.0:8081/healthz",
         "--log-level=info",
+        "--log-format=text",
     ]
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": 8080, "healthz": 8081}
@@ -303,7 +305,7 @@ def test_escape_hatches_reach_the_pod() -> None:
         ],
         "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": []}},
         "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "1Gi"}},
-        "operator": {"logLevel": "debug"},
+        "operator": {"logLevel": "debug", "logFormat": "json"},
     }
     docs = render(values)
     template = one(docs, "Deployment")["spec"]["template"]
@@ -319,6 +321,7 @@ def test_escape_hatches_reach_the_pod() -> None:
     assert pod["affinity"] == values["affinity"]
     assert container["resources"] == values["resources"]
     assert "--log-level=debug" in container["args"]
+    assert "--log-format=json" in container["args"]
     assert one(docs, "Deployment")["metadata"]["labels"]["app.kubernetes.io/version"] == "1.2.3"
 
 
@@ -330,6 +333,7 @@ def test_escape_hatches_reach_the_pod() -> None:
         ({"monitoring": {"serviceMonitor": {"enabld": True}}}, "'enabld' not allowed"),
         ({"securityContext": {"privilegd": True}}, "'privilegd' not allowed"),
         ({"operator": {"logLevel": "trace"}}, "logLevel"),
+        ({"operator": {"logFormat": "yaml"}}, "logFormat"),
         ({"operator": {"watchNamespaces": ["Not_A_Namespace"]}}, "does not match pattern"),
         ({"crds": {"enabled": "yes"}}, "crds/enabled"),
         ({"operator": {"maxReplicas": 0}}, "maxReplicas"),

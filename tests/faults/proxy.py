@@ -1,5 +1,6 @@
-"""A TCP proxy in front of PostgreSQL that can lose one reply: the connection dies after the
-server committed a statement and before its reply reaches the client.
+"""A TCP proxy in front of PostgreSQL that can lose one reply (the connection dies after the
+server committed a statement and before its reply reaches the client) or hold it back (the
+reply arrives late, as through a network that stalled).
 
 Armed with a trigger (bytes the client sends, e.g. the worker's identity, which only its
 claims and settlements carry as a parameter), it forwards everything until a client message
@@ -21,6 +22,7 @@ class LossyProxy:
         self._upstream = (upstream_host, upstream_port)
         self._server: asyncio.Server | None = None
         self._trigger: bytes | None = None
+        self._hold: float | None = None
         self.fired = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
@@ -30,8 +32,11 @@ class LossyProxy:
         port: int = self._server.sockets[0].getsockname()[1]
         return port
 
-    def arm(self, trigger: bytes) -> None:
+    def arm(self, trigger: bytes, *, hold: float | None = None) -> None:
+        """Lose the reply to the next client message holding `trigger`, or, with `hold`,
+        deliver it `hold` seconds late."""
         self._trigger = trigger
+        self._hold = hold
 
     async def close(self) -> None:
         if self._server is not None:
@@ -62,12 +67,16 @@ class LossyProxy:
             while data := await server_r.read(65536):
                 if triggered.is_set():
                     held += data
-                    if READY_FOR_QUERY in held:
-                        self.fired.set()
+                    if READY_FOR_QUERY not in held:
+                        continue
+                    self.fired.set()
+                    if self._hold is None:
                         for w in (client_w, server_w):
                             w.transport.abort()
                         return
-                    continue
+                    await asyncio.sleep(self._hold)  # the stall itself
+                    triggered.clear()
+                    data, held = held, b""
                 client_w.write(data)
                 await client_w.drain()
 

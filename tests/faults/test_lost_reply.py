@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 from urllib.parse import urlsplit
 
 from tests.runtime.helpers import running, until_status
@@ -56,3 +57,42 @@ async def test_lost_claim_reply_is_released_after_reconnect(
     delay = released.at.timestamp() - dropped
     FIGURES.append(f"lost claim reply: released {delay:.2f}s after the connection died")
     assert delay < 5.0
+
+
+async def test_a_claim_reply_that_arrives_after_the_lease_is_never_run(
+    pg_dsn: str, store: PostgresStore, prefix: str
+) -> None:
+    """The claim's reply is held back longer than the job's lease (a stalled network):
+    meanwhile another worker recovers the job and runs it. When the late reply arrives, the
+    first worker must not start the job too."""
+    url = urlsplit(pg_dsn)
+    proxy = LossyProxy(url.hostname or "127.0.0.1", url.port or 5432)
+    port = await proxy.start()
+    runs: list[tuple[str, int]] = []
+    try:
+        job_id = await Queue(store).enqueue(Work(0, 1))
+
+        def handler(name: str) -> Any:
+            async def handle(task: Work, ctx: Context[None], app: None) -> Outcome:
+                runs.append((name, ctx.run_count))
+                return Outcome.completed()
+
+            return handle
+
+        via_proxy = pg_dsn.replace(f":{url.port}/", f":{port}/")
+        async with await PostgresStore.connect(via_proxy, prefix=prefix) as stalled:
+            slow = Worker(None, stalled, concurrency=1, lease=1.0, poll_max=0.2)
+            slow.register(Work, handler("slow"))
+            proxy.arm(str(slow.identity).encode(), hold=3.0)
+            async with running(slow):
+                await asyncio.wait_for(proxy.fired.wait(), 30)
+                other = Worker(None, store, concurrency=1, poll_max=0.2)
+                other.register(Work, handler("other"))
+                async with running(other):
+                    await until_status(Queue(store), job_id, JobStatus.COMPLETED)
+                    await asyncio.sleep(4.0)  # past the held reply: the stall, not a sync
+    finally:
+        await proxy.close()
+    assert runs == [("other", 2)]
+    outcomes = [e.outcome for e in await Queue(store).job_journal(job_id)]
+    assert outcomes == [JournalOutcome.STALE_RECOVERED, JournalOutcome.COMPLETED]

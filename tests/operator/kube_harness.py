@@ -115,6 +115,7 @@ __all__ = [
     "JOBQUEUE_CRD_PATH",
     "LEASES",
     "NAMESPACES",
+    "PODS",
     "SECRETS",
     "ApiServerEmulator",
     "KubeHarness",
@@ -142,6 +143,7 @@ JOBQUEUE_CRD_PATH: Final = (
 # Resource references accepted wherever the harness takes a `resource`: "GROUP/VERSION/PLURAL".
 NAMESPACES: Final = "v1/namespaces"
 SECRETS: Final = "v1/secrets"
+PODS: Final = "v1/pods"
 EVENTS: Final = "v1/events"
 DEPLOYMENTS: Final = "apps/v1/deployments"
 HPAS: Final = "autoscaling/v2/horizontalpodautoscalers"
@@ -244,6 +246,16 @@ BUILTIN_RESOURCES: Final[tuple[ResourceDef, ...]] = (
         subresources=frozenset({"status", "finalize"}),
     ),
     ResourceDef("", "v1", "secrets", "Secret", namespaced=True),
+    ResourceDef(
+        "",
+        "v1",
+        "pods",
+        "Pod",
+        namespaced=True,
+        short_names=frozenset({"po"}),
+        categories=frozenset({"all"}),
+        subresources=frozenset({"status"}),
+    ),
     ResourceDef(
         "", "v1", "configmaps", "ConfigMap", namespaced=True, short_names=frozenset({"cm"})
     ),
@@ -1508,6 +1520,28 @@ class KubeHarness:
                     },
                 },
                 "status": dict(status) if status is not None else settled,
+            }
+        )
+
+    def pod(
+        self,
+        namespace: str,
+        name: str,
+        *,
+        labels: Mapping[str, str],
+        annotations: Mapping[str, str] | None = None,
+        phase: str = "Running",
+    ) -> Body:
+        """A pod as a ReplicaSet would make it (the harness runs no ReplicaSet controller)."""
+        meta = _meta(namespace, name, labels)
+        meta["annotations"] = dict(annotations or {})
+        return self.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": meta,
+                "spec": {"containers": [{"name": "worker", "image": "venturi-worker:test"}]},
+                "status": {"phase": phase},
             }
         )
 

@@ -4,8 +4,12 @@ Kubernetes (kmock, in kube_harness.py), with a real PostgreSQL for the queue's s
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import logging
+import os
+import signal
+import sys
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -13,9 +17,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import pytest
-from kube_harness import DEPLOYMENTS, JOBQUEUES, SECRETS, KubeHarness, kube_fixture, run_operator
+from kube_harness import (
+    DEPLOYMENTS,
+    JOBQUEUES,
+    PODS,
+    SECRETS,
+    KubeHarness,
+    kube_fixture,
+    run_operator,
+)
 
 from venturi import PostgresStore, Queue, Task
+from venturi_operator.__main__ import JsonFormatter as OperatorJsonFormatter
+from venturi_operator.__main__ import Logging, parse_args
+from venturi_operator.cadence import BURST_WAKE_SECONDS
 from venturi_operator.config import OperatorConfig
 from venturi_operator.databases import Databases
 from venturi_operator.handlers import build_registry
@@ -250,6 +265,30 @@ async def test_a_job_wakes_a_pool_at_zero_without_waiting_for_the_interval(
         assert loop.time() - began < TIMEOUT
 
 
+async def test_a_burst_wakes_a_running_pool_without_waiting_for_the_interval(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    queue = Queue(store)
+    await queue.enqueue_many(Mail() for _ in range(5))
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=1)
+    kube.jobqueue(NS, "mail", {**spec(store.prefix), "interval": 3600})
+    async with operator(kube) as reconciler:
+        await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            "mail",
+            lambda o: (o.get("status", {}).get("pools") or [{}])[0].get("currentReplicas") == 1,
+            timeout=TIMEOUT,
+        )
+        delay = reconciler.wake_delay(NS, "mail", "mail")
+        assert delay is not None and 0 <= delay <= BURST_WAKE_SECONDS
+        assert reconciler.wake_delay(NS, "mail", "report") is None  # no pool serves it
+        await queue.enqueue_many(Mail() for _ in range(100))
+        # The interval is an hour: only the NOTIFY (deferred to the burst gap) can do this.
+        await replicas_become(kube, "mailer", 5)
+
+
 async def test_many_jobqueues_share_one_database_connection_budget(
     kube: KubeHarness, store: PostgresStore, pg_dsn: str
 ) -> None:
@@ -476,6 +515,125 @@ async def test_no_part_of_a_dsn_but_host_port_and_database_is_ever_shown(
     assert set(reasons.values()) <= {"StatsRead", "InvalidDSN", "ConnectionFailed"}, reasons
 
 
+async def test_json_logs_name_the_jobqueue_and_never_a_password(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    where = pg_dsn.removeprefix("postgresql://postgres@")
+    marker = f"Pw{uuid.uuid4().hex}"
+    cases = {  # the server trusts us: any password connects
+        "good": f"postgresql://postgres:{marker}good@{where}",
+        "slash": f"postgresql://postgres:{marker}one/{marker}two@{where}",
+        "at-sign": f"postgresql://postgres:{marker}three@{marker}four@{where}",
+        "unreachable": f"postgresql://postgres:{marker}five@127.0.0.1:1/postgres",
+    }
+    for i, (name, dsn) in enumerate(cases.items()):
+        kube.secret(NS, f"db-{name}", string_data={"dsn": dsn})
+        worker(kube, f"w{i}", name, replicas=0)
+        kube.jobqueue(
+            NS,
+            name,
+            spec(store.prefix, secret=f"db-{name}", deployment=f"w{i}", fallbackReplicas=1),
+        )
+    await Queue(store).enqueue(Mail())
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(OperatorJsonFormatter())
+    root = logging.getLogger()
+    level = root.level
+    root.addHandler(handler)
+    root.setLevel(logging.DEBUG)
+    try:
+        async with operator(kube):
+            for i in range(len(cases)):  # "good" scales for its job, the others to fallback
+                await replicas_become(kube, f"w{i}", 1)
+    finally:
+        root.removeHandler(handler)
+        root.setLevel(level)
+    text = out.getvalue()
+    assert marker.lower() not in text.lower()
+    records = [json.loads(line) for line in text.splitlines()]
+    assert records and all({"time", "level", "logger", "message"} <= r.keys() for r in records), (
+        records
+    )
+    assert {r["logger"].split(".")[0] for r in records} >= {"kopf", "venturi_operator"}
+    about = {
+        (r.get("namespace"), r.get("jobqueue")) for r in records if r["logger"] == "kopf.objects"
+    }
+    assert {(NS, name) for name in cases} <= about, about
+    scaled = [r for r in records if "scaled" in r["message"] and r["logger"].startswith("venturi_")]
+    assert {(r["namespace"], r["jobqueue"]) for r in scaled} == {(NS, name) for name in cases}
+
+
+async def test_the_operator_command_logs_json_lines_once_each(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    where = pg_dsn.removeprefix("postgresql://postgres@")
+    marker = f"Pw{uuid.uuid4().hex}"
+    kube.secret(NS, "db", string_data={"dsn": f"postgresql://postgres:{marker}@{where}"})
+    kube.secret(NS, "db-bad", string_data={"dsn": f"postgresql://postgres:{marker}/x@{where}"})
+    worker(kube, "mailer", "mail", replicas=0)
+    worker(kube, "other", "bad", replicas=0)
+    kube.jobqueue(NS, "mail", spec(store.prefix))
+    kube.jobqueue(NS, "bad", spec(store.prefix, secret="db-bad", deployment="other"))
+    await Queue(store).enqueue(Mail())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VENTURI_", "KUBE"))}
+    env |= {"KUBECONFIG": str(kube.kubeconfig_path), "VENTURI_LOG_FORMAT": "json"}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "venturi_operator",
+        f"--namespace={NS}",
+        "--metrics-port=0",
+        "--liveness=",
+        "--log-level=debug",
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        await replicas_become(kube, "mailer", 1)
+        await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            "bad",
+            lambda o: condition(o, "DatabaseReachable").get("reason") == "InvalidDSN",
+            timeout=TIMEOUT,
+        )
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=TIMEOUT)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0, stderr.decode()[-2000:]
+    text = stdout.decode() + stderr.decode()
+    assert marker.lower() not in text.lower()
+    records = [json.loads(line) for line in text.splitlines()]  # every line is JSON
+    assert all({"time", "level", "logger", "message"} <= r.keys() for r in records)
+    started = [
+        r
+        for r in records
+        if r["message"] == "Activity 'build_registry.<locals>.configure' succeeded."
+    ]
+    assert len(started) == 1, "each record once (kopf's handler is not added too)"
+    assert any(r["level"] == "debug" and r["logger"].startswith("kopf") for r in records)
+    about = {r.get("jobqueue") for r in records if r["logger"] == "kopf.objects"}
+    assert about == {"mail", "bad"}, about
+
+
+def test_log_options_come_from_flags_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_args(["-n", NS])[1] == Logging("text", "info")
+    monkeypatch.setenv("VENTURI_LOG_FORMAT", "json")
+    monkeypatch.setenv("VENTURI_LOG_LEVEL", "WARNING")
+    assert parse_args(["-n", NS])[1] == Logging("json", "warning")
+    assert parse_args(["-n", NS, "--log-format=text", "--log-level=debug"])[1] == Logging(
+        "text", "debug"
+    )
+    monkeypatch.setenv("VENTURI_LOG_LEVEL", "loud")
+    with pytest.raises(SystemExit):
+        parse_args(["-n", NS])
+
+
 async def test_a_changed_dsn_or_a_deleted_jobqueue_closes_what_no_one_uses(
     kube: KubeHarness, store: PostgresStore, pg_dsn: str
 ) -> None:
@@ -538,3 +696,54 @@ async def test_a_changed_dsn_or_a_deleted_jobqueue_closes_what_no_one_uses(
         kube.delete(JOBQUEUES, NS, "q2")
         await kube.wait_until(lambda: kube.find(JOBQUEUES, NS, "q2") is None, timeout=TIMEOUT)
         await eventually("every pool closed", lambda pids: not pids)
+
+
+COST = "controller.kubernetes.io/pod-deletion-cost"
+
+
+async def claim_for(store: PostgresStore, pod: str, n: int) -> None:
+    """Mark `n` pending mail jobs claimed by `pod`, as a worker there would."""
+    await store._pool.execute(
+        f"UPDATE {store.prefix}_jobs SET status = 'claimed', claimed_pod = $1, "
+        "lease_until = now() + interval '1h' WHERE id IN (SELECT id FROM "
+        f"{store.prefix}_jobs WHERE status = 'pending' AND kind = 'mail' LIMIT $2)",
+        pod,
+        n,
+    )
+
+
+async def test_a_scale_in_marks_idle_pods_and_spares_busy_ones(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    """Three pods; two hold jobs. The load wants one replica: the operator sets the pods'
+    deletion costs to the jobs each holds and scales in by the one idle pod only."""
+    await Queue(store).enqueue_many(Mail() for _ in range(3))
+    await claim_for(store, "mailer-a", 2)
+    await claim_for(store, "mailer-b", 1)
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=3)
+    for pod in ("mailer-a", "mailer-b", "mailer-c"):
+        kube.pod(NS, pod, labels={"app": "mailer"}, annotations={COST: "7"})
+    kube.pod(NS, "other", labels={"app": "other"})
+    kube.jobqueue(NS, "mail", spec(store.prefix))
+
+    async with operator(kube):
+        await replicas_become(kube, "mailer", 2)
+        costs = {
+            p: kube.get(PODS, NS, p)["metadata"]["annotations"].get(COST)
+            for p in ("mailer-a", "mailer-b", "mailer-c")
+        }
+        assert costs == {"mailer-a": "2", "mailer-b": "1", "mailer-c": "0"}
+        assert COST not in kube.get(PODS, NS, "other")["metadata"].get("annotations", {})
+        jq = await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            "mail",
+            lambda o: (
+                (o.get("status", {}).get("pools") or [{}])[0].get("currentReplicas") == 2
+                and o["status"]["pools"][0].get("reason") == "BusyPodsSpared"
+            ),
+            timeout=TIMEOUT,
+        )
+        assert "2 pods hold jobs" in jq["status"]["pools"][0]["message"]
+        assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 2

@@ -13,6 +13,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Sequence
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -21,6 +22,7 @@ from hypothesis import strategies as st
 from venturi_operator.policy import (
     DEFAULT_SCALE_DOWN,
     DEFAULT_SCALE_UP,
+    HPA_BEHAVIOR,
     Behavior,
     Decision,
     History,
@@ -490,13 +492,19 @@ def test_latency_term_climbs_one_replica_per_tick_and_settles() -> None:
         pytest.param(5, 0, 0, Reason.IDLE, id="at the threshold: asleep"),
         pytest.param(6, 0, 1, Reason.ACTIVATED, id="above the threshold: wakes"),
         pytest.param(0, 1, 1, Reason.ACTIVATED, id="a claimed job wakes it"),
-        pytest.param(200, 0, 4, Reason.ACTIVATED, id="default scale-up: 4 pods at once"),
+        pytest.param(200, 0, 20, Reason.ACTIVATED, id="no limits: what it needs at once"),
     ],
 )
 def test_activation_from_zero(pending: int, claimed: int, replicas: int, reason: Reason) -> None:
     spec = pool(activation_threshold=5, behavior=Behavior())
     decision = decide(load(pending, claimed), spec, OLD, NOW, current=0)
     assert (decision.replicas, decision.reason) == (replicas, reason)
+
+
+def test_activation_from_zero_honours_the_users_scale_up_policies() -> None:
+    spec = pool(behavior=HPA_BEHAVIOR)
+    decision = decide(load(200), spec, OLD, NOW, current=0)
+    assert (decision.replicas, decision.reason) == (4, Reason.ACTIVATED)
 
 
 @pytest.mark.parametrize(
@@ -794,3 +802,503 @@ def test_constant_idle_load_ends_at_zero() -> None:
     decisions = _simulate(pool(behavior=Behavior(), cooldown_seconds=300), load(), 7, 60, 15.0)
     assert decisions[-1].replicas == 0
     assert all(d.replicas >= 1 for d in decisions[: 300 // 15])  # the restart and the cooldown
+
+
+# --- what the pool does: rates from the finished totals ------------------------------------
+
+
+def steady(
+    rate: float,
+    service: float,
+    *,
+    spec: PoolSpec | None = None,
+    current: int = 10,
+    ticks: int = 80,
+    step: float = 15.0,
+) -> tuple[History, float, int]:
+    """Ticks of a pool at a steady state (``rate`` jobs/s of ``service`` s each, nothing
+    pending): the history they leave, the time of the next tick, the finished total so far."""
+    spec = spec or pool(target_per_replica=8, behavior=Behavior())
+    history, finished = OLD, 0
+    claimed = round(rate * service)
+    for tick in range(ticks):
+        now = NOW + step * tick
+        finished = round(rate * step * tick)
+        decision = decide(
+            PoolLoad(pending=0, claimed=claimed, finished=finished),
+            spec,
+            history,
+            now,
+            current=current,
+        )
+        history = decision.history
+    return history, NOW + step * ticks, finished
+
+
+def test_rates_come_from_differencing_the_finished_totals() -> None:
+    history, _, _ = steady(10.0, 9.0)
+    assert history.arrival_rate == pytest.approx(10.0, rel=0.01)
+    assert history.service_seconds == pytest.approx(9.0, rel=0.01)
+
+
+def test_no_service_time_before_jobs_have_been_seen_finish() -> None:
+    history, _, _ = steady(10.0, 9.0, ticks=1)
+    assert history.service_seconds is None
+
+
+def test_a_cleanup_that_lowers_the_totals_skips_that_sample() -> None:
+    history, now, finished = steady(10.0, 9.0)
+    after = decide(
+        PoolLoad(pending=0, claimed=90, finished=finished - 5000),
+        pool(target_per_replica=8, behavior=Behavior()),
+        history,
+        now,
+        current=10,
+    ).history
+    assert (after.arrived, after.finished) == (history.arrived, history.finished)
+    assert after.sample is not None and after.sample.finished == finished - 5000
+
+
+@pytest.mark.parametrize(
+    ("current", "replicas", "reason"),
+    [
+        # 10 jobs/s of 9 s: 90 busy slots. Scale up below 90 + 0.75 sd (13 pods of 8), to 90 +
+        # 1.25 sd (13); down above 90 + 2.5 sd (15). Ten replicas are short: the queue that
+        # builds while new ones start (33 jobs) is to be worked off too, hence 14.
+        pytest.param(10, 14, Reason.BACKLOG_ABOVE_TARGET, id="short: to the target at once"),
+        pytest.param(13, 13, Reason.AT_TARGET, id="within the band"),
+        pytest.param(15, 15, Reason.AT_TARGET, id="top of the band"),
+        pytest.param(16, 13, Reason.BACKLOG_BELOW_TARGET, id="above the band: to the target"),
+    ],
+)
+def test_capacity_recommendation_with_hysteresis(
+    current: int, replicas: int, reason: Reason
+) -> None:
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(10.0, 9.0, spec=spec, current=current)
+    decision = decide(
+        PoolLoad(pending=0, claimed=90, finished=finished + 150),
+        spec,
+        replace(history, recommendations=()),
+        now,
+        current=current,
+    )
+    assert (decision.recommendation, decision.reason) == (replicas, reason)
+
+
+def test_a_backlog_starts_within_three_quarters_of_the_age_target_after_start_up() -> None:
+    """520 pending jobs of 9 s at 13 ready replicas (104 slots, 90 of them the flow's): 473
+    still queued when a replica asked for now is up (30 s of start-up: the 14 slots beyond the
+    flow take 47 meanwhile), and their newest is to start within 45 s of now, the 15 s left
+    after the start-up: 284 slots, all of the pool's throughput (first in, first out)."""
+    spec = pool(target_per_replica=8, max_oldest_pending_age=60, behavior=Behavior())
+    history, now, finished = steady(10.0, 9.0, spec=spec, current=13)
+    decision = decide(
+        PoolLoad(pending=520, claimed=90, oldest_pending_age=5.0, finished=finished + 150),
+        spec,
+        history,
+        now,
+        current=13,
+    )
+    queue = 520 - (13 * 8 / 9 - 10) * 30
+    assert decision.replicas == math.ceil(queue * 9 / (45 - 30) / 8) == 36
+    assert f"({queue:.0f} once new replicas are up, to start within 45 s)" in decision.message
+
+
+def test_a_backlog_the_pool_serves_in_time_adds_only_its_drain() -> None:
+    """A spike's backlog at a pool that carries the new flow: 400 slots for 40 jobs/s of 9 s
+    (360 busy) and 500 pending. The whole pool starts the queue's newest job within the age
+    target, so the extra slots are only those that work it off within two targets -- not, as
+    a rule that clears the backlog with the spare alone would have it, 150 more (64 replicas)."""
+    spec = pool(target_per_replica=8, max_oldest_pending_age=60, behavior=Behavior())
+    history, now, finished = steady(40.0, 9.0, spec=spec, current=50)
+    decision = decide(
+        PoolLoad(pending=500, claimed=360, oldest_pending_age=5.0, finished=finished + 600),
+        spec,
+        history,
+        now,
+        current=50,
+    )
+    queue = 500 - (50 * 8 / 9 - 40) * 30
+    slots = 360 + queue * 9 / (120 - 30)
+    assert decision.replicas == math.ceil((slots + 1.25 * math.sqrt(slots)) / 8)
+    assert decision.replicas < math.ceil((360 + 500 * 9 / 30) / 8)
+
+
+def test_starting_replicas_count_from_when_they_will_be_ready() -> None:
+    """Replicas asked for 25 s ago are ready in 5 s; asked for just now, in 30: the queue they
+    find (arrivals beyond what the ready replicas take) is larger, and so is the pool."""
+    spec = pool(target_per_replica=8, max_oldest_pending_age=60, behavior=Behavior())
+    history, now, finished = steady(10.0, 9.0, spec=spec, current=13)
+    busy = PoolLoad(pending=100, claimed=40, oldest_pending_age=5.0, finished=finished + 150)
+
+    def asked(seconds_ago: float) -> int:
+        starting = dataclasses.replace(history, starting=(now - seconds_ago, 13))
+        return decide(busy, spec, starting, now, current=13, ready=5).replicas
+
+    assert asked(25.0) < asked(0.0)
+    # Late pods (asked for longer ago than a start-up) count as needing a start-up again.
+    assert asked(60.0) == asked(0.0)
+
+
+def test_starting_replicas_count_and_no_more_are_asked_while_they_start() -> None:
+    """The counts rule asks again every tick while the pods it asked for start (and the
+    backlog grows meanwhile); capacity counts the starting pods and holds."""
+    spec = pool(target_per_replica=8, max_oldest_pending_age=60, behavior=Behavior())
+    history, now, finished = steady(10.0, 9.0, spec=spec, current=13)
+    first = decide(
+        PoolLoad(pending=500, claimed=90, oldest_pending_age=5.0, finished=finished + 150),
+        spec,
+        history,
+        now,
+        current=13,
+        ready=13,
+    )
+    asked = first.replicas
+    # Five seconds later: none of the new pods ready yet, the backlog as it was (the ready
+    # pods keep up with the arrivals only).
+    again = decide(
+        PoolLoad(pending=500, claimed=90, oldest_pending_age=10.0, finished=finished + 200),
+        spec,
+        first.history,
+        now + 5,
+        current=asked,
+        ready=13,
+    )
+    assert again.replicas == asked
+    assert math.ceil((500 + 90) / 8) > asked  # what the counts rule would ask, again
+
+
+def test_a_batch_is_a_backlog_not_a_rate_but_a_sustained_rise_is_a_rate() -> None:
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(2.0, 9.0, spec=spec, current=4)
+    batch = decide(
+        PoolLoad(pending=800, claimed=18, finished=finished + 30),
+        spec,
+        history,
+        now,
+        current=4,
+    ).history
+    assert batch.arrival_rate == pytest.approx(2.0, rel=0.05)
+    calm = decide(
+        PoolLoad(pending=800, claimed=18, finished=finished + 60),
+        spec,
+        batch,
+        now + 15,
+        current=4,
+    ).history
+    assert calm.arrival_rate == pytest.approx(2.0, rel=0.1)
+    # 40 jobs/s for two ticks running: taken at once.
+    rising = decide(
+        PoolLoad(pending=600, claimed=18, finished=finished + 30),
+        spec,
+        history,
+        now,
+        current=4,
+    ).history
+    risen = decide(
+        PoolLoad(pending=1200, claimed=18, finished=finished + 60),
+        spec,
+        rising,
+        now + 15,
+        current=4,
+    ).history
+    assert risen.arrival_rate is not None and risen.arrival_rate >= 30.0
+
+
+def test_a_rise_two_ticks_running_is_taken_at_the_second_ticks_rate() -> None:
+    """A step from 2 to 40 jobs/s three seconds before a tick: that tick sees 24.8 jobs/s, the
+    next the whole 40, taken at once (not the lower of the two)."""
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(2.0, 9.0, spec=spec, current=4, step=5.0, ticks=200)
+    outstanding = 18
+
+    def tick(at: float, arrived: int, done: int) -> History:
+        nonlocal outstanding, finished
+        outstanding += arrived - done
+        finished += done
+        sample = PoolLoad(pending=outstanding - 18, claimed=18, finished=finished)
+        return decide(sample, spec, history, at, current=4).history
+
+    history = tick(now, 124, 10)  # 2 s at 2 jobs/s, 3 s at 40: 24.8 jobs/s
+    history = tick(now + 5, 200, 10)
+    assert history.arrival_rate == pytest.approx(40.0, rel=0.01)
+
+
+def test_a_rise_taken_at_once_is_at_most_twice_the_first_ticks() -> None:
+    """The step a second before a tick (12 jobs/s seen, then 40): 24 at once, 40 a tick later.
+    The cap keeps a tick of noise and a batch after it from reading as a rate."""
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(2.0, 9.0, spec=spec, current=4, step=5.0, ticks=200)
+    outstanding = 18
+
+    def tick(at: float, arrived: int, done: int) -> History:
+        nonlocal outstanding, finished
+        outstanding += arrived - done
+        finished += done
+        sample = PoolLoad(pending=outstanding - 18, claimed=18, finished=finished)
+        return decide(sample, spec, history, at, current=4).history
+
+    history = tick(now, 60, 10)
+    history = tick(now + 5, 200, 10)
+    assert history.arrival_rate == pytest.approx(24.0, rel=0.01)
+    history = tick(now + 10, 200, 10)
+    assert history.arrival_rate == pytest.approx(40.0, rel=0.01)
+
+
+def test_two_batches_one_after_the_other_are_not_a_rate() -> None:
+    """889 jobs, then 609 a tick later (two inserts 5 s apart): a rise two ticks running, but
+    the second well below the first, as no new rate is. The rate stays the trickle's."""
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(0.5, 9.0, spec=spec, current=2, step=5.0, ticks=200)
+    first = decide(
+        PoolLoad(pending=889, claimed=5, finished=finished + 2),
+        spec,
+        history,
+        now,
+        current=2,
+    ).history
+    second = decide(
+        PoolLoad(pending=889 + 609 - 14, claimed=16, finished=finished + 5),
+        spec,
+        first,
+        now + 5,
+        current=2,
+    ).history
+    assert second.arrival_rate is not None and second.arrival_rate < 2.0
+    # A noisy tick, then a batch: not a rate of the batch's size either.
+    noisy = decide(
+        PoolLoad(pending=8, claimed=5, finished=finished + 2), spec, history, now, current=2
+    ).history
+    batch = decide(
+        PoolLoad(pending=600, claimed=16, finished=finished + 5), spec, noisy, now + 5, current=2
+    ).history
+    assert batch.arrival_rate is not None and batch.arrival_rate < 10.0
+
+
+@pytest.mark.parametrize(
+    ("gap", "taken"),
+    [
+        pytest.param(None, True, id="no bursts seen: the second tick's rate"),
+        pytest.param(300.0, False, id="bursts 5 min apart: two batches, not a rate"),
+    ],
+)
+def test_a_pool_with_frequent_bursts_takes_a_rate_only_from_ticks_that_agree(
+    gap: float | None, taken: bool
+) -> None:
+    """355 jobs, then 650 a tick later: the second tick at 1.8 times the first. A new rate where
+    no bursts were seen; two batches at a pool whose bursts come 5 minutes apart."""
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(0.5, 9.0, spec=spec, current=2, step=5.0, ticks=200)
+    bursts = () if gap is None else tuple(now - 100 - gap * i for i in range(4, -1, -1))
+    history = dataclasses.replace(history, bursts=bursts)
+    first = decide(
+        PoolLoad(pending=355, claimed=5, finished=finished + 2), spec, history, now, current=2
+    ).history
+    second = decide(
+        PoolLoad(pending=355 + 650 - 14, claimed=16, finished=finished + 5),
+        spec,
+        first,
+        now + 5,
+        current=2,
+    ).history
+    assert second.arrival_rate is not None
+    assert (second.arrival_rate > 100.0) is taken
+
+
+def test_the_arrival_trend_is_read_from_two_averages_and_sized_for() -> None:
+    """Arrivals rising by 1 job/s every 100 s: the fast average lags 60 s behind, the slow one
+    180 s; their difference is the slope, and the pool is sized for the rate a replica asked
+    for now will serve (the fast average's lag plus a start-up ahead: 30 s, not yet seen)."""
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, slope, step = OLD, 0.01, 5.0
+    for tick in range(400):
+        t = step * tick
+        claimed = round((2.0 + slope * t) * 9.0)  # nothing pending: every job a slot at once
+        arrived = 100 + round(2.0 * t + slope * t * t / 2)
+        decision = decide(
+            PoolLoad(pending=0, claimed=claimed, finished=arrived - claimed),
+            spec,
+            history,
+            NOW + t,
+            current=40,
+        )
+        history = decision.history
+    rate_now = 2.0 + slope * step * 399
+    assert history.arrival_trend == pytest.approx(slope, rel=0.1)
+    assert history.arrival_rate == pytest.approx(rate_now - slope * 60, rel=0.02)
+    assert history.arrival_rate is not None
+    sized_for = history.arrival_rate + history.arrival_trend * (60 + 30)
+    assert sized_for == pytest.approx(rate_now + slope * 30, rel=0.02)
+    assert decision.message.startswith(f"{sized_for:.2f} jobs/s arriving")
+
+
+def test_a_batch_that_leaves_a_backlog_is_a_burst_and_noise_is_not() -> None:
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(2.0, 9.0, spec=spec, current=4)
+    noise = decide(
+        PoolLoad(pending=5, claimed=18, finished=finished + 30),
+        spec,
+        history,
+        now,
+        current=4,
+    ).history
+    assert noise.bursts == ()
+    batch = decide(
+        PoolLoad(pending=800, claimed=18, finished=finished + 30),
+        spec,
+        history,
+        now,
+        current=4,
+    ).history
+    assert batch.bursts == (now,)
+    # The batch's next tick sees no new rise: still one burst.
+    after = decide(
+        PoolLoad(pending=700, claimed=32, finished=finished + 60),
+        spec,
+        batch,
+        now + 15,
+        current=4,
+    ).history
+    assert after.bursts == (now,)
+
+
+@pytest.mark.parametrize(
+    ("gap", "held_for"),
+    [
+        pytest.param(None, 300.0, id="no bursts seen: five minutes"),
+        pytest.param(1200.0, 300.0, id="bursts 20 min apart: five minutes"),
+        pytest.param(300.0, 600.0, id="bursts 5 min apart: ten minutes, bridging the gap"),
+    ],
+)
+def test_the_hold_after_a_scale_up_bridges_frequent_bursts(
+    gap: float | None, held_for: float
+) -> None:
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(10.0, 9.0, spec=spec, current=14)
+    bursts = () if gap is None else tuple(now - 1000 - gap * i for i in range(4, -1, -1))
+    history = dataclasses.replace(history, recommendations=(), bursts=bursts)
+    quiet = PoolLoad(pending=0, claimed=10, finished=finished + 50)
+
+    def replicas(since_up: float) -> int:
+        after = dataclasses.replace(history, scaled_up_at=now - since_up)
+        return decide(quiet, spec, after, now, current=14).replicas
+
+    assert replicas(held_for - 1) == 14
+    assert replicas(held_for + 1) < 14
+
+
+def test_the_start_up_time_is_observed() -> None:
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(10.0, 9.0, spec=spec, current=10)
+    up = decide(
+        PoolLoad(pending=400, claimed=90, finished=finished + 150),
+        spec,
+        history,
+        now,
+        current=10,
+        ready=10,
+    )
+    assert up.history.starting == (now, up.replicas)
+    waiting = decide(
+        PoolLoad(pending=100, claimed=90, finished=finished + 300),
+        spec,
+        up.history,
+        now + 15,
+        current=up.replicas,
+        ready=10,
+    )
+    ready = decide(
+        PoolLoad(pending=0, claimed=90, finished=finished + 450),
+        spec,
+        waiting.history,
+        now + 30,
+        current=up.replicas,
+        ready=up.replicas,
+    )
+    # Ready between the ticks at +15 and +30: the middle.
+    assert ready.history.startup_seconds == pytest.approx(22.5)
+    assert ready.history.starting is None
+
+
+def test_no_scale_down_within_five_minutes_of_a_scale_up() -> None:
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(10.0, 9.0, spec=spec, current=14)
+    history = dataclasses.replace(history, scaled_up_at=now - 200, recommendations=())
+    quiet = PoolLoad(pending=0, claimed=10, finished=finished + 50)
+    held = decide(quiet, spec, history, now, current=14)
+    assert (held.replicas, held.reason) == (14, Reason.SCALE_DOWN_STABILIZED)
+    assert "after the last scale-up" in held.message
+    later = dataclasses.replace(history, scaled_up_at=now - 301)
+    assert decide(quiet, spec, later, now, current=14).replicas < 14
+    # The user's own scale-down rules replace venturi's: no hold.
+    explicit = pool(target_per_replica=8, behavior=dataclasses.replace(FREE, scale_up=None))
+    assert decide(quiet, explicit, history, now, current=14).replicas < 14
+
+
+def test_busy_pods_are_spared() -> None:
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(2.0, 9.0, spec=spec, current=12)
+    history = dataclasses.replace(history, recommendations=())
+    quiet = PoolLoad(pending=0, claimed=18, finished=finished + 30)
+    free = decide(quiet, spec, history, now, current=12)
+    spared = decide(quiet, spec, history, now, current=12, busy=9)
+    assert free.replicas < 9
+    assert (spared.replicas, spared.reason, spared.limited) == (9, Reason.BUSY_PODS_SPARED, True)
+    assert decide(quiet, spec, history, now, current=12, busy=12).replicas == 12
+    assert decide(quiet, spec, history, now, current=12, busy=0).replicas == free.replicas
+
+
+def test_the_last_replica_goes_after_cooldown_seconds_not_the_scale_down_window() -> None:
+    """cooldownSeconds 60 means 60 s, even under the HPA's 300 s scale-down window."""
+    spec = pool(cooldown_seconds=60, behavior=HPA_BEHAVIOR)
+    busy = decide(load(pending=3), spec, OLD, NOW, current=1)
+    held = decide(load(), spec, busy.history, NOW + 59, current=1)
+    assert held.replicas == 1
+    gone = decide(load(), spec, held.history, NOW + 60, current=1)
+    assert (gone.replicas, gone.reason) == (0, Reason.IDLE)
+
+
+def test_the_age_term_adds_nothing_while_replicas_start() -> None:
+    spec = pool(max_oldest_pending_age=60)
+    stale = load(pending=15, age=120.0)
+    assert decide(stale, spec, OLD, NOW, current=2, ready=2).replicas == 3
+    assert decide(stale, spec, OLD, NOW, current=2, ready=1).replicas == 2
+
+
+def test_paused_and_unserved_jobs_are_no_demand() -> None:
+    spec = pool(activation_threshold=0)
+    jobs = PoolLoad(pending=50, claimed=0, paused=20, unserved=30)
+    assert jobs.demand == 0
+    assert decide(jobs, spec, OLD, NOW, current=0).replicas == 0
+    some = PoolLoad(pending=50, claimed=0, paused=20)
+    assert decide(some, spec, OLD, NOW, current=0).replicas == 3
+    with pytest.raises(ValueError, match="paused"):
+        PoolLoad(pending=5, claimed=0, paused=4, unserved=2)
+
+
+def test_explicit_tolerance_applies_to_the_capacity_recommendation() -> None:
+    behavior = Behavior(scale_up=rules(0, pods(100), tolerance=0.5), scale_down=None)
+    spec = pool(target_per_replica=8, behavior=behavior)
+    history, now, finished = steady(10.0, 9.0, spec=spec, current=10)
+    decision = decide(
+        PoolLoad(pending=0, claimed=90, finished=finished + 150),
+        spec,
+        dataclasses.replace(history, recommendations=()),
+        now,
+        current=10,
+    )
+    # 90 busy slots on 80: a ratio of 1.125, within the user's 50 %.
+    assert (decision.replicas, decision.reason) == (10, Reason.WITHIN_TOLERANCE)
+
+
+@PROPERTY
+@given(pools(), loads, histories(), st.integers(0, 80), st.integers(0, 80), st.integers(0, 80))
+def test_a_scale_in_never_goes_below_the_busy_pods(
+    spec: PoolSpec, pool_load: PoolLoad, history: History, current: int, ready: int, busy: int
+) -> None:
+    ready = min(ready, current)
+    decision = decide(pool_load, spec, history, NOW, current=current, ready=ready, busy=busy)
+    if spec.min_replicas <= current <= spec.max_replicas:
+        assert decision.replicas >= min(busy, current)
+    assert spec.min_replicas <= decision.replicas <= spec.max_replicas

@@ -133,25 +133,8 @@ def test_minimal_spec_takes_every_default() -> None:
                 activation_threshold=0,
                 cooldown_seconds=300,
                 fallback_replicas=None,
-                behavior=Behavior(
-                    scale_up=ScalingRules(
-                        stabilization_window_seconds=0,
-                        policies=(
-                            ScalingPolicy(type=PolicyType.PERCENT, value=100, period_seconds=15),
-                            ScalingPolicy(type=PolicyType.PODS, value=4, period_seconds=15),
-                        ),
-                        select_policy=SelectPolicy.MAX,
-                        tolerance=0.1,
-                    ),
-                    scale_down=ScalingRules(
-                        stabilization_window_seconds=300,
-                        policies=(
-                            ScalingPolicy(type=PolicyType.PERCENT, value=100, period_seconds=15),
-                        ),
-                        select_policy=SelectPolicy.MAX,
-                        tolerance=0.1,
-                    ),
-                ),
+                # No behavior: none of the user's limits (venturi's own rules apply).
+                behavior=Behavior(scale_up=None, scale_down=None),
             ),
         ),
     )
@@ -335,6 +318,7 @@ class Stats:
     claimed_by_kind: Mapping[str, int] = field(default_factory=dict)
     oldest_pending_age_by_kind: Mapping[str, float] = field(default_factory=dict)
     dead_by_kind: Mapping[str, int] = field(default_factory=dict)
+    completed_by_kind: Mapping[str, int] = field(default_factory=dict)
 
 
 STATS = Stats(
@@ -348,6 +332,7 @@ STATS = Stats(
         "other": -0.2,  # database time a hair ahead of run_at
     },
     dead_by_kind={"send_email": 4},
+    completed_by_kind={"send_email": 100, "send_sms": 20, "archive": 7},
 )
 
 THREE_POOLS: Json = {
@@ -368,9 +353,12 @@ THREE_POOLS: Json = {
 def test_pool_loads_sum_each_pools_kinds_and_the_catch_all_takes_the_rest() -> None:
     loads = pool_loads(parse_spec(THREE_POOLS), STATS)
     assert list(loads) == ["mailers", "reports", "rest"]
-    assert loads["mailers"] == PoolLoad(pending=5, claimed=1, oldest_pending_age=40.0)
-    assert loads["reports"] == PoolLoad(pending=0, claimed=2, oldest_pending_age=None)
-    assert loads["rest"] == PoolLoad(pending=8, claimed=1, oldest_pending_age=5.0)
+    # Finished totals (completed + dead) too: the difference between ticks is completions.
+    assert loads["mailers"] == PoolLoad(
+        pending=5, claimed=1, oldest_pending_age=40.0, finished=100 + 4 + 20
+    )
+    assert loads["reports"] == PoolLoad(pending=0, claimed=2, oldest_pending_age=None, finished=0)
+    assert loads["rest"] == PoolLoad(pending=8, claimed=1, oldest_pending_age=5.0, finished=7)
 
 
 def test_without_a_catch_all_other_kinds_are_unserved() -> None:
@@ -383,7 +371,9 @@ def test_without_a_catch_all_other_kinds_are_unserved() -> None:
 
 def test_empty_stats_give_empty_loads() -> None:
     loads = pool_loads(parse_spec(THREE_POOLS), Stats())
-    assert set(loads.values()) == {PoolLoad(pending=0, claimed=0, oldest_pending_age=None)}
+    assert set(loads.values()) == {
+        PoolLoad(pending=0, claimed=0, oldest_pending_age=None, finished=0)
+    }
 
 
 # --- the CRD -------------------------------------------------------------------------------------
@@ -597,9 +587,16 @@ def test_fields_without_a_crd_default_are_none_in_spec_py() -> None:
         "spec.pools[0].kinds",
         "spec.pools[0].maxOldestPendingAge",
         "spec.pools[0].fallbackReplicas",
+        "spec.pools[0].behavior",
+        "spec.pools[0].behavior.scaleUp",
+        "spec.pools[0].behavior.scaleDown",
     }
     pool = parse_spec(MINIMAL).pools[0]
     assert (pool.kinds, pool.max_oldest_pending_age, pool.fallback_replicas) == (None, None, None)
+    assert (pool.behavior.scale_up, pool.behavior.scale_down) == (None, None)
+    one_way = with_(MINIMAL, "pools[0].behavior", {"scaleUp": {}})
+    behavior = parse_spec(one_way).pools[0].behavior
+    assert (behavior.scale_up, behavior.scale_down) == (policy.DEFAULT_SCALE_UP, None)
 
 
 def _leaves(key: str) -> list[tuple[str, Json]]:

@@ -1,16 +1,25 @@
-"""A worker factory for the `venturi worker` command test."""
+"""Worker factories for the `venturi worker` command tests."""
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 
-from venturi import Context, Outcome, PostgresStore, Task, Worker
+from venturi import Context, Outcome, PanicPolicy, PostgresStore, Task, Worker
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
 class Echo(Task):
     KIND = "echo"
     text: str
+
+
+@dataclass
+class Boom(Task):
+    KIND = "boom"
 
 
 async def echo(task: Echo, ctx: Context[None], app: None) -> Outcome:
@@ -20,4 +29,22 @@ async def echo(task: Echo, ctx: Context[None], app: None) -> Outcome:
 def make_worker(store: PostgresStore) -> Worker[None]:
     worker = Worker(None, store, concurrency=2)
     worker.register(Echo, echo)
+    return worker
+
+
+async def careless_echo(task: Echo, ctx: Context[None], app: None) -> Outcome:
+    # A handler that logs what it should not: the DSN, password and all.
+    logger.debug("echo %s, connected with %s", task.text, os.environ["VENTURI_DSN"])
+    return Outcome.completed(note=task.text)
+
+
+async def boom(task: Boom, ctx: Context[None], app: None) -> Outcome:
+    raise RuntimeError(f"cannot reach {os.environ['VENTURI_DSN']}")
+
+
+def make_careless_worker(store: PostgresStore) -> Worker[None]:
+    """Handlers that log the DSN and raise with it in the message (dead at once)."""
+    worker = Worker(None, store, concurrency=2, panic_policy=PanicPolicy.DEAD)
+    worker.register(Echo, careless_echo)
+    worker.register(Boom, boom)
     return worker

@@ -47,3 +47,10 @@ async def until_status(queue: Queue, job_id: ULID, *statuses: JobStatus) -> None
         return job is not None and job.status in statuses
 
     await until(check)
+
+
+def all_migrations() -> list[int]:
+    """Every migration version this release ships (what migrate() applies to a new prefix)."""
+    from venturi._db import sql
+
+    return [m.version for m in sql.migrations("x")]

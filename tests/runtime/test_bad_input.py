@@ -32,11 +32,11 @@ from venturi import (
 )
 from venturi._db import sql
 from venturi.backoff import MAX_DELAY
-from venturi.context import ATTACHMENT_MAX_BYTES
+from venturi.context import ATTACHMENT_MAX_BYTES, Cancellation
 from venturi.merge import DEDUP_KEY_MAX_BYTES
 from venturi.outcome import failure_note
 
-from .helpers import running, until_status
+from .helpers import all_migrations, running, until_status
 
 
 @dataclass
@@ -57,7 +57,7 @@ async def test_invalid_prefix_is_rejected_before_any_sql(bad: object) -> None:
 async def test_longest_valid_prefix_works(pg_dsn: str) -> None:
     prefix = "p" + "x" * 38
     async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
-        assert await store.migrate() == [1, 2, 3]
+        assert await store.migrate() == all_migrations()
         assert await store.migrate() == []
 
 
@@ -67,7 +67,7 @@ async def test_concurrent_migrations_apply_once(pg_dsn: str, prefix: str) -> Non
         results = await asyncio.gather(*(s.migrate() for s in stores))
     finally:
         await asyncio.gather(*(s.close() for s in stores))
-    assert sorted(results) == [[]] * 7 + [[1, 2, 3]]
+    assert sorted(results) == [[]] * 7 + [all_migrations()]
 
 
 async def test_unencodable_payload_names_the_field(queue: Queue) -> None:
@@ -275,7 +275,13 @@ def test_failure_notes_survive_hostile_exceptions() -> None:
 
 def test_attach_refuses_what_json_would_change() -> None:
     ctx: Context[None] = Context(
-        job_id=ULID(), kind="k", run_count=1, history=(), carry=None, cancelled=asyncio.Event()
+        job_id=ULID(),
+        kind="k",
+        queue="default",
+        run_count=1,
+        history=(),
+        carry=None,
+        cancellation=Cancellation(),
     )
     ctx.attach({"ok": 1.5, "none": None})
     with pytest.raises(ValueError, match=r"field \"\['ratio'\]\" is nan"):
@@ -427,9 +433,24 @@ async def test_queue_names_are_validated_like_kinds(store: PostgresStore) -> Non
     for wrong in (None, 5):
         with pytest.raises(TypeError, match=r"queue: expected a queue name \(a str\)"):
             Queue(store, queue=wrong)  # type: ignore[arg-type]
-        with pytest.raises(TypeError, match=r"queue: expected a queue name"):
-            Worker(None, store, queue=wrong)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"queue: expected a queue name"):
+        Worker(None, store, queue=5)  # type: ignore[arg-type]
+    assert Worker(None, store, queue=None).queues == ("default",)  # None: the default queue
     assert Queue(store, queue="emails.eu-1:fast/v2").queue == "emails.eu-1:fast/v2"
+
+
+async def test_a_workers_queues_are_validated(store: PostgresStore) -> None:
+    assert Worker(None, store, queues=["high", "default"]).queues == ("high", "default")
+    with pytest.raises(ValueError, match="not both"):
+        Worker(None, store, queue="a", queues=["b"])
+    with pytest.raises(ValueError, match="at least one queue"):
+        Worker(None, store, queues=[])
+    with pytest.raises(ValueError, match="each queue may be named once"):
+        Worker(None, store, queues=["a", "b", "a"])
+    with pytest.raises(TypeError, match="a list of queue names"):
+        Worker(None, store, queues="high,default")
+    with pytest.raises(ValueError, match=r"queues: invalid queue name"):
+        Worker(None, store, queues=["ok", "not ok"])
 
 
 async def test_a_subclass_must_declare_its_own_kind(queue: Queue) -> None:
@@ -565,7 +586,7 @@ async def test_migrating_brings_stored_policies_within_bounds(pg_dsn: str, prefi
                     base,
                     cap,
                 )
-        assert await store.migrate() == [3]
+        assert await store.migrate() == all_migrations()[2:]
         got = {
             r["kind"]: (r["lease_s"], r["backoff_base_s"], r["backoff_cap_s"])
             for r in await store._pool.fetch(

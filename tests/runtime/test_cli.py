@@ -5,23 +5,35 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from venturi import JobStatus, Queue
 
-from .cli_app import Echo
+from .cli_app import Boom, Echo
 from .helpers import until_status
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 def venturi(
-    *args: str, dsn: str | None, prefix: str = "venturi", pythonpath: Path | None = None
+    *args: str,
+    dsn: str | None,
+    prefix: str = "venturi",
+    pythonpath: Path | None = None,
+    env: dict[str, str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VENTURI_", "PG"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VENTURI_", "PG"))} | (
+        env or {}
+    )
     if pythonpath is not None:
         env["PYTHONPATH"] = str(pythonpath)
     if dsn is not None:
@@ -186,3 +198,161 @@ async def test_worker_factories_that_fail_are_one_line(
     assert debug.returncode == 2
     assert "Traceback" in debug.stderr and "KeyError: 'DATABASE_URL'" in debug.stderr
     assert debug.stderr.strip().splitlines()[-1].startswith("venturi: worker: factories:raises")
+
+
+# --- JSON logs, and no password in any output --------------------------------------------------
+
+RFC3339_UTC = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{6}Z")
+
+
+def json_lines(text: str) -> list[dict[str, Any]]:
+    """Every line of `text` as a JSON log record with the four fields every record has."""
+    records = []
+    for line in text.splitlines():
+        record = json.loads(line)  # fails the test on any line that is not JSON
+        assert isinstance(record, dict), line
+        assert RFC3339_UTC.fullmatch(record["time"]), record
+        assert datetime.fromisoformat(record["time"]).tzinfo == UTC
+        assert record["level"] in {"debug", "info", "warning", "error", "critical"}, record
+        assert isinstance(record["logger"], str) and isinstance(record["message"], str), record
+        records.append(record)
+    return records
+
+
+def with_password(dsn: str, password: str) -> str:
+    """The test DSN with a password (the test server trusts every local connection)."""
+    scheme, sep, rest = dsn.partition("://")
+    user, at, where = rest.partition("@")
+    if not sep or not at or ":" in user:
+        pytest.skip("needs a postgresql://user@host/db DSN without a password")
+    return f"{scheme}://{user}:{password}@{where}"
+
+
+async def test_worker_logs_json_lines_and_never_the_password(queue: Queue, pg_dsn: str) -> None:
+    marker = f"Pw{uuid.uuid4().hex}"
+    dsn = with_password(pg_dsn, marker)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VENTURI_", "PG"))}
+    env |= {"VENTURI_DSN": dsn, "VENTURI_PREFIX": queue.store.prefix}
+    env["VENTURI_LOG_FORMAT"] = "json"  # the variable; the level by flag
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "venturi",
+        "worker",
+        "tests.runtime.cli_app:make_careless_worker",
+        "--log-level",
+        "debug",
+        cwd=ROOT,
+        env=env,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        echo_id = await queue.enqueue(Echo(text="via cli"))
+        boom_id = await queue.enqueue(Boom())
+        await until_status(queue, echo_id, JobStatus.COMPLETED)
+        await until_status(queue, boom_id, JobStatus.DEAD)
+        proc.send_signal(signal.SIGTERM)
+        stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=30)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    assert proc.returncode == 0
+    out, err = stdout.decode(), stderr.decode()
+    assert marker.lower() not in (out + err).lower()
+    assert out == ""
+    records = json_lines(err)
+
+    [serving] = [r for r in records if r["logger"] == "venturi.cli"]
+    worker = serving["worker"]
+    assert serving["message"] == f"worker {worker} serving ['echo', 'boom']"
+    assert {"venturi.worker"} <= {r["logger"] for r in records}
+    ours = [r for r in records if r["logger"].startswith(("venturi.", "tests."))]
+    assert all(r["worker"] == worker for r in ours), "every record is the worker's"
+    [stopped] = [r for r in records if r["message"].startswith(f"worker {worker} stopped")]
+    assert stopped["level"] == "info"
+
+    # The handler's own record carries its job; the DSN it logged is redacted.
+    [echoed] = [r for r in records if r["logger"] == "tests.runtime.cli_app"]
+    assert echoed["level"] == "debug"
+    assert echoed["message"].startswith("echo via cli, connected with postgresql://")
+    assert ":***@" in echoed["message"]
+    assert (echoed["job_id"], echoed["kind"], echoed["queue"], echoed["run"]) == (
+        str(echo_id),
+        "echo",
+        "default",
+        1,
+    )
+
+    # The failure: the job's fields, and the traceback as a string (redacted too).
+    boomed = [r for r in records if r.get("job_id") == str(boom_id)]
+    [raised] = [r for r in boomed if r["message"].endswith("(boom) raised")]
+    assert (raised["kind"], raised["queue"], raised["run"]) == ("boom", "default", 1)
+    assert raised["exc_info"].startswith("Traceback (most recent call last):")
+    assert "RuntimeError: cannot reach postgresql://" in raised["exc_info"]
+    [dead] = [r for r in boomed if "(boom) dead: RuntimeError: cannot reach" in r["message"]]
+    assert dead["level"] == "warning" and "exc_info" not in dead
+
+
+def leaky_dsns(pg_dsn: str) -> dict[str, tuple[str, list[str]]]:
+    """A DSN whose password a parser or the server would quote -> the pieces never to show."""
+    where = pg_dsn.partition("@")[2]  # 127.0.0.1:PORT/postgres
+    host, _, port = where.partition("/")[0].partition(":")
+    return {
+        "slash": (f"postgresql://postgres:Alpha1hush/Alpha2hush@{where}", ["Alpha1hush"]),
+        "query-mark": (f"postgresql://postgres:Bravo1hush?Bravo2hush@{where}", ["Bravo2hush"]),
+        "fragment": (f"postgresql://postgres:Charlie1hush#Charlie2hush@{where}", ["Charlie1hush"]),
+        "query": (
+            f"postgresql://postgres@{where}?password=Delta1hush&Delta2hush",
+            ["Delta1hush", "Delta2hush"],
+        ),
+        "numeric": (f"postgresql://postgres:4321/Echo2hush@{where}", ["Echo2hush"]),
+        "no-scheme": (f"Foxtrot1hush:Foxtrot2hush@{where}", ["Foxtrot1hush", "Foxtrot2hush"]),
+        "unreachable": (f"postgresql://postgres:Golf1hush@{host}:1/postgres", ["Golf1hush"]),
+        "no-database": (
+            f"postgresql://postgres:Hotel1hush@{where.partition('/')[0]}/Hotel2hush",
+            ["Hotel1hush"],
+        ),
+        "conninfo": (
+            f"host={host} port={port} user=postgres password=India1hush India2hush",
+            ["India1hush", "India2hush"],
+        ),
+    }
+
+
+@pytest.mark.parametrize("log_format", ["text", "json"])
+def test_database_errors_never_show_the_password(pg_dsn: str, log_format: str) -> None:
+    for name, (dsn, pieces) in leaky_dsns(pg_dsn).items():
+        run = venturi("stats", "--log-format", log_format, dsn=dsn)
+        assert run.returncode == 2, (name, run)
+        for piece in pieces:
+            assert piece.lower() not in run.stderr.lower(), (name, run.stderr)
+        [line] = run.stderr.splitlines()
+        if log_format == "json":
+            [record] = json_lines(line)
+            assert record["level"] == "error" and record["logger"] == "venturi.cli", record
+            assert "exc_info" not in record  # the traceback only with --debug
+        else:
+            assert line.startswith("venturi: "), line
+    # With --debug the traceback is there, in the record, and still without the password.
+    dsn, pieces = leaky_dsns(pg_dsn)["slash"]
+    run = venturi("stats", "--debug", "--log-format", log_format, dsn=dsn)
+    assert "Traceback" in run.stderr and pieces[0].lower() not in run.stderr.lower()
+    # The password from PGPASSWORD is redacted as well.
+    run = venturi(
+        "stats",
+        "--log-format",
+        log_format,
+        dsn=leaky_dsns(pg_dsn)["no-database"][0].replace(":Hotel1hush", ""),
+        env={"PGPASSWORD": "Hotel2hush"},
+    )
+    assert run.returncode == 2 and "does not exist" in run.stderr, run.stderr
+    assert "hotel2hush" not in run.stderr.lower(), run.stderr
+
+
+def test_log_options_are_checked(pg_dsn: str) -> None:
+    run = venturi("stats", "--log-format", "yaml", dsn=pg_dsn)
+    assert run.returncode == 2 and "--log-format: expected text or json, got 'yaml'" in run.stderr
+    run = venturi("stats", dsn=pg_dsn, env={"VENTURI_LOG_LEVEL": "loud"})
+    assert run.returncode == 2 and "--log-level: expected one of" in run.stderr, run.stderr

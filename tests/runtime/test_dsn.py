@@ -17,6 +17,8 @@ from venturi import PostgresStore, Queue
 from venturi._dsn import connect_args, parse_keywords
 from venturi.embedded import EmbeddedPostgres
 
+from .helpers import all_migrations
+
 PASSWORD = "s3cret pass 'quoted' \\back\\ \"dq\" #/?&=%+"
 
 
@@ -127,7 +129,7 @@ async def test_a_keyword_dsn_connects_with_a_hard_password(scram_server: Embedde
         f"options='-c statement_timeout=4321'"
     )
     async with await PostgresStore.connect(dsn, prefix="kv") as store:
-        assert await store.migrate() == [1, 2, 3]
+        assert await store.migrate() == all_migrations()
         await Queue(store).stats()
         row = await store._pool.fetchrow(
             "SELECT current_user, current_database(), current_setting('application_name'), "

@@ -131,7 +131,7 @@ async def test_an_idle_worker_recovers_a_dead_workers_job_right_after_its_lease(
         await asyncio.sleep(0.2)  # let B's rescuer take its first look (nothing claimed)
         await queue.enqueue(Pong())  # a kind B does not run: only the dead worker claims it
         (claimed,) = await store.claim(
-            queue="default",
+            queues=["default"],
             kinds=[Pong.KIND],
             limit=1,
             worker="dead:1#0000",
@@ -225,15 +225,13 @@ async def test_one_poisoned_settlement_leaves_the_rest_of_its_batch_settled(
 ) -> None:
     await queue.enqueue_many(Ping(n) for n in range(100))
     claimed = await store.claim(
-        queue="default", kinds=[Ping.KIND], limit=100, worker="w", pod=None, default_lease_s=60
+        queues=["default"], kinds=[Ping.KIND], limit=100, worker="w", pod=None, default_lease_s=60
     )
     assert len(claimed) == 100
     policy = Policy(Backoff(), 0.5, 25, PanicPolicy.RETRY)
     settlements = [
-        Settlement(
-            j.id,
-            j.claim_token,
-            j.kind,
+        Settlement.of(
+            j,
             "completed",
             note="a\x00b" if i == 37 else None,  # text PostgreSQL refuses
             unrecordable=functools.partial(_unrecordable, j, policy, 0.0),

@@ -52,7 +52,7 @@ async def test_batch_statements_stay_linear_under_generic_plans(pg_dsn: str, pre
         await Queue(store).enqueue_many(Ping(i) for i in range(JOBS))
         await store._pool_or_raise().execute(f"ANALYZE {prefix}_jobs")  # "nothing is claimed"
         claimed = await store.claim(
-            queue="default", kinds=["ping"], limit=JOBS, worker="w", pod=None, default_lease_s=60
+            queues=["default"], kinds=["ping"], limit=JOBS, worker="w", pod=None, default_lease_s=60
         )
         assert len(claimed) == JOBS
         plans.clear()
@@ -65,7 +65,7 @@ async def test_batch_statements_stay_linear_under_generic_plans(pg_dsn: str, pre
             [j.id for j in claimed], [j.claim_token for j in claimed], [60.0] * JOBS
         )
         settled = await store.settle(
-            [Settlement(j.id, j.claim_token, j.kind, "completed") for j in claimed[:200]],
+            [Settlement.of(j, "completed") for j in claimed[:200]],
             worker="w",
         )
         await store._pool_or_raise().execute(
@@ -99,3 +99,55 @@ async def test_batch_statements_stay_linear_under_generic_plans(pg_dsn: str, pre
                 assert "Index Scan" in line or "Index Only Scan" in line, (
                     f"{name}: a scan runs once per row:\n{body}"
                 )
+
+
+@pytest.mark.filterwarnings("ignore:.*active log listener")
+async def test_the_claim_is_an_index_scan_of_each_queue_under_generic_plans(
+    pg_dsn: str, prefix: str
+) -> None:
+    """The claim function's statement, run per queue in order: a range scan of the claim
+    index, never a sequential scan of the jobs table, also with a cached generic plan."""
+    plans: list[str] = []
+
+    def collect(_conn: object, message: asyncpg.PostgresLogMessage) -> None:
+        if "plan:" in message.message:
+            plans.append(message.message)
+
+    async def explain_everything(conn: asyncpg.Connection) -> None:
+        conn.add_log_listener(collect)
+
+    dsn = (
+        f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}plan_cache_mode=force_generic_plan"
+        "&session_preload_libraries=auto_explain&auto_explain.log_min_duration=0"
+        "&auto_explain.log_nested_statements=on&auto_explain.log_level=notice"
+    )
+    setup = await PostgresStore.connect(pg_dsn, prefix=prefix)
+    try:
+        await setup.migrate()
+        for name in ("a", "b"):
+            await Queue(setup, queue=name).enqueue_many(Ping(i) for i in range(2000))
+        await setup._pool_or_raise().execute(f"ANALYZE {prefix}_jobs")
+    finally:
+        await setup.close()
+    store = await PostgresStore.connect(dsn, prefix=prefix, setup=explain_everything)
+    try:
+        for _ in range(7):  # past the five runs after which a plan may turn generic
+            claimed = await store.claim(
+                queues=["b", "a"],
+                kinds=["ping"],
+                limit=30,
+                worker="w",
+                pod=None,
+                default_lease_s=60,
+                reserved_low=1,
+                reserved_normal=3,
+            )
+            assert len(claimed) == 30
+    finally:
+        await store.close()
+    inner = [p for p in plans if "FOR UPDATE SKIP LOCKED" in p]
+    assert inner, "no plan of the claim's statement was logged"
+    for plan in inner:
+        body = plan.split("plan:", 1)[1]
+        assert f"Seq Scan on {prefix}_jobs" not in body, body
+        assert f"{prefix}_jobs_claim_idx" in body, body

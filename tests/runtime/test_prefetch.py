@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass
 
 from venturi import Context, JobStatus, Outcome, Queue, Task, Worker
-from venturi.worker import prefetch_depth
+from venturi._claims import prefetch_depth
 
 from .helpers import running, until, until_status
 

@@ -489,10 +489,10 @@ async def test_a_settlement_after_losing_the_claim_is_dropped(
             events["a_go"].set()
 
             async def first_settled_as_lost() -> bool:
-                return worker_a.in_flight == 0 and worker_a._counters.settled["lost"] == 1
+                return worker_a.in_flight == 0 and worker_a._settled["lost"] == 1
 
             await until(first_settled_as_lost)
-            assert worker_a._counters.settled == Counter({"lost": 1})
+            assert worker_a._settled == Counter({"lost": 1})
             lost_logs = [
                 r
                 for r in caplog.records

@@ -19,7 +19,7 @@ from venturi import (
     TaskError,
     Worker,
 )
-from venturi._slots import plan_slots
+from venturi._claims import plan_slots
 
 from .helpers import running, until
 

@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from venturi import CleanupCriteria, Context, Outcome, Queue, Task, TaskError, Worker
+from venturi import (
+    CleanupCriteria,
+    Context,
+    Outcome,
+    Queue,
+    Task,
+    TaskError,
+    Worker,
+    WorkerIdentity,
+)
 
 from .helpers import running, until
 
@@ -66,9 +76,58 @@ async def test_counts_match_the_table_through_the_whole_lifecycle(queue: Queue) 
     assert stats.pending_by_kind == {"other": 1}
     assert stats.scheduled_by_kind == {"mixed": 1}
     assert stats.dead_by_kind == {"mixed": 20}
+    assert stats.completed_by_kind == {"mixed": 40}
+    assert (stats.completed, stats.dead) == (40, 20)
     assert stats.claimed_by_kind == {}
 
     soon = datetime.now(UTC) + timedelta(minutes=1)
     assert await queue.cleanup(CleanupCriteria(finished_before=soon)) == 60
-    assert (await queue.stats()).dead_by_kind == {}
+    after = await queue.stats()
+    assert (after.dead_by_kind, after.completed_by_kind) == ({}, {})
     assert await direct_counts(queue) == {("mixed", "pending"): 1, ("other", "pending"): 1}
+
+
+async def test_claimed_by_pod_counts_what_each_pod_holds(queue: Queue) -> None:
+    release = asyncio.Event()
+
+    async def hold(task: Other, ctx: Context[None], app: None) -> Outcome:
+        await release.wait()
+        return Outcome.completed()
+
+    assert await queue.claimed_by_pod() == {}
+    await queue.enqueue_many(Other() for _ in range(5))
+    workers = [
+        Worker(
+            None, queue.store, concurrency=c, identity=WorkerIdentity("h", 1, pod), prefetch=False
+        )
+        for c, pod in ((3, "worker-a"), (2, "worker-b"))
+    ]
+    outside = Worker(None, queue.store, concurrency=1, identity=WorkerIdentity("h", 2))
+    for w in (*workers, outside):
+        w.register(Other, hold)
+    async with running(workers[0]), running(workers[1]):
+
+        async def claimed() -> bool:
+            return (await queue.stats()).claimed == 5
+
+        await until(claimed)
+        assert await queue.claimed_by_pod() == {"worker-a": 3, "worker-b": 2}
+        release.set()
+
+        async def idle() -> bool:
+            return (await queue.stats()).claimed == 0
+
+        await until(idle)
+    assert await queue.claimed_by_pod() == {}
+
+    # A worker without a pod name (outside Kubernetes) is nobody's pod.
+    release.clear()
+    await queue.enqueue(Other())
+    async with running(outside):
+
+        async def one_claimed() -> bool:
+            return (await queue.stats()).claimed == 1
+
+        await until(one_claimed)
+        assert await queue.claimed_by_pod() == {}
+        release.set()

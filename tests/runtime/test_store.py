@@ -14,6 +14,8 @@ from ulid import ULID
 from venturi import PostgresStore, Priority, Queue, Task
 from venturi._records import NewJob, NewJobs
 
+from .helpers import all_migrations
+
 
 @dataclass
 class Ping(Task):
@@ -24,7 +26,7 @@ async def test_from_pool_uses_and_leaves_the_callers_pool(pg_dsn: str, prefix: s
     pool = await asyncpg.create_pool(pg_dsn, min_size=1, max_size=3)
     try:
         store = PostgresStore.from_pool(pool, prefix=prefix)
-        assert await store.migrate() == [1, 2, 3]
+        assert await store.migrate() == all_migrations()
         await Queue(store).enqueue(Ping())
         await store.close()
         assert not pool.is_closing()  # the caller's pool is the caller's to close
@@ -35,7 +37,7 @@ async def test_from_pool_uses_and_leaves_the_callers_pool(pg_dsn: str, prefix: s
 
 async def test_with_prefix_shares_the_pool(store: PostgresStore, prefix: str) -> None:
     other = store.with_prefix(prefix + "_b")
-    assert await other.migrate() == [1, 2, 3]
+    assert await other.migrate() == all_migrations()
     await Queue(other).enqueue(Ping())
     assert (await Queue(other).stats()).pending == 1
     assert (await Queue(store).stats()).pending == 0  # separate queues in one database

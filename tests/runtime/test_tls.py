@@ -15,6 +15,8 @@ import pytest
 from venturi import PostgresStore, Queue
 from venturi.embedded import EmbeddedPostgres
 
+from .helpers import all_migrations
+
 
 @pytest.fixture(scope="module")
 def tls_server() -> Iterator[tuple[str, Path]]:
@@ -75,7 +77,7 @@ async def test_connect_over_verified_tls(tls_server: tuple[str, Path]) -> None:
     dsn, cert = tls_server
     context = ssl.create_default_context(cafile=str(cert))  # verifies the chain and the IP
     async with await PostgresStore.connect(dsn, prefix="tls", ssl=context) as store:
-        assert await store.migrate() == [1, 2, 3]
+        assert await store.migrate() == all_migrations()
         assert (await Queue(store).stats()).pending == 0
         pool = store._pool  # the test checks the session itself
         assert await pool.fetchval("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")

@@ -91,6 +91,8 @@ venturi.rbacRules: what the operator does, and nothing more (kube.py, handlers.p
 - jobqueues: kopf lists and watches them, and patches them (its finalizer and annotations);
 - jobqueues/status: the operator's status patches;
 - deployments get and deployments/scale get/patch: read replicas, scale through the subresource;
+- pods get/list/patch: before a scale-in, each worker pod's pod-deletion-cost annotation is set
+  to the jobs it holds, so the ReplicaSet removes idle pods first;
 - horizontalpodautoscalers and KEDA scaledobjects list: a Deployment another autoscaler
   scales is left alone (403 and 404 on scaledobjects are tolerated);
 - secrets get: the DSN in each JobQueue's spec.database.secretName, only the Secrets named in
@@ -110,6 +112,9 @@ venturi.rbacRules: what the operator does, and nothing more (kube.py, handlers.p
 - apiGroups: ["apps"]
   resources: ["deployments/scale"]
   verbs: ["get", "patch"]
+- apiGroups: [""]
+  resources: ["pods"]
+  verbs: ["get", "list", "patch"]
 - apiGroups: ["autoscaling"]
   resources: ["horizontalpodautoscalers"]
   verbs: ["list"]

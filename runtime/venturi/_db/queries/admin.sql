@@ -47,7 +47,7 @@ SELECT count(*) AS deleted FROM deleted;
 -- (jobs waiting for a future run_at, usually few).
 WITH totals AS (
     SELECT kind, status, sum(n)::bigint AS n FROM {prefix}_counts
-    WHERE status IN ('pending', 'claimed', 'dead')
+    WHERE status IN ('pending', 'claimed', 'dead', 'completed')
     GROUP BY kind, status HAVING sum(n) > 0
 )
 SELECT t.status, t.kind, t.n,
@@ -61,3 +61,10 @@ SELECT t.status, t.kind, t.n,
            ORDER BY j.run_at LIMIT 1
        ) END AS oldest_s
 FROM totals AS t;
+
+-- claimed_by_pod --
+-- Claimed jobs per pod (claimed_pod; jobs of workers outside Kubernetes have none), for the
+-- operator's pod-deletion-cost: a range over the partial lease index, one row per busy pod.
+SELECT claimed_pod, count(*)::bigint AS n FROM {prefix}_jobs
+WHERE status = 'claimed' AND claimed_pod IS NOT NULL
+GROUP BY claimed_pod;

@@ -42,76 +42,14 @@ WITH inserted AS (
 SELECT pg_notify(:channel, kind) FROM inserted;
 
 -- job_claim --
--- Claim eligible jobs of :queue in claim order (priority tier, then age), skipping rows
--- other workers hold: up to :low_slots LOW-only slots, then :normal_slots for NORMAL or LOW,
--- then :any_slots for any tier (weighted-slot anti-starvation; a reserved slot left empty
--- passes to the next group). One statement, each part a range scan of
--- {prefix}_jobs_claim_idx at any backlog. Each claim gets a fresh token that guards every
--- later write to the job (stored leases are bounded by a CHECK constraint, so no row's lease
--- can fail the statement).
--- :held_lease_s is the shortest lease the claiming worker already holds (NULL: none): a
--- claim whose leases end sooner announces them on :channel, so idle rescuers know when to
--- look.
-WITH p0 AS (
-    SELECT id FROM {prefix}_jobs
-    WHERE status = 'pending' AND queue = :queue AND kind = ANY(:kinds::text[])
-      AND priority <= 0 AND run_at <= now()
-    ORDER BY priority DESC, run_at, id
-    LIMIT :low_slots
-    FOR UPDATE SKIP LOCKED
-), p1 AS (
-    SELECT id FROM {prefix}_jobs
-    WHERE status = 'pending' AND queue = :queue AND kind = ANY(:kinds::text[])
-      AND priority <= 1 AND run_at <= now() AND id NOT IN (SELECT id FROM p0)
-    ORDER BY priority DESC, run_at, id
-    LIMIT :low_slots + :normal_slots - (SELECT count(*) FROM p0)
-    FOR UPDATE SKIP LOCKED
-), p2 AS (
-    SELECT id FROM {prefix}_jobs
-    WHERE status = 'pending' AND queue = :queue AND kind = ANY(:kinds::text[])
-      AND run_at <= now()
-      AND id NOT IN (SELECT id FROM p0 UNION ALL SELECT id FROM p1)
-    ORDER BY priority DESC, run_at, id
-    LIMIT :low_slots + :normal_slots + :any_slots
-          - (SELECT count(*) FROM p0) - (SELECT count(*) FROM p1)
-    FOR UPDATE SKIP LOCKED
-), picked AS (
-    SELECT id FROM p0 UNION ALL SELECT id FROM p1 UNION ALL SELECT id FROM p2
-), claimed AS (
-    UPDATE {prefix}_jobs AS j SET
-        status = 'claimed',
-        run_count = j.run_count + 1,
-        claim_token = gen_random_uuid(),
-        claimed_at = now(),
-        claimed_by = :worker,
-        claimed_pod = :pod,
-        lease_until = now() + make_interval(secs => coalesce(j.lease_s, :default_lease_s))
-    -- = ANY(ARRAY(...)) rather than a join: the planner cannot estimate the CTEs' row
-    -- counts (their LIMITs are expressions) and would hash-join a scan of the whole table.
-    WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
-    RETURNING j.id, j.kind, j.payload, j.carry, j.run_count, j.failures, j.claim_token,
-              coalesce(j.lease_s, :default_lease_s) AS lease_s, j.backoff_base_s,
-              j.backoff_cap_s, j.priority, j.run_at, j.dedup_key
-), announced AS (
-    SELECT pg_notify(:channel, '!lease ' || min(lease_s)::text || ' ' || :queue)
-    FROM claimed
-    HAVING count(*) > 0 AND (:held_lease_s::float8 IS NULL OR min(lease_s) < :held_lease_s)
-)
--- In claim order: a worker that holds some jobs back (prefetch) starts them in this order.
-SELECT c.id, c.kind, c.payload::text AS payload, c.carry::text AS carry, c.run_count,
-       c.failures, c.claim_token, c.lease_s, c.backoff_base_s, c.backoff_cap_s,
-       extract(epoch FROM now() - c.run_at)::float8 AS waited_s,
-       -- A first run has no history unless a merge journaled one (merges need a dedup
-       -- key), so most claims skip the journal entirely.
-       CASE WHEN c.run_count > 1 OR c.dedup_key IS NOT NULL THEN
-       (SELECT jsonb_agg(jsonb_build_object(
-                   'run', h.run, 'outcome', h.outcome, 'at', h.at, 'note', h.note,
-                   'attachment', h.attachment, 'duration_s', h.duration_s,
-                   'worker', h.worker) ORDER BY h.id)
-        FROM {prefix}_journal AS h WHERE h.job_id = c.id)::text END AS history,
-       (SELECT count(*) FROM announced) AS announced
-FROM claimed AS c
-ORDER BY c.priority DESC, c.run_at, c.id;
+-- Claim up to :n eligible jobs of the queues :queues, in their order, of the kinds :kinds
+-- (see the function's definition in migration 0004 for the claim order, the tier
+-- reservations :reserved_low/:reserved_normal and the lease announcement :held_lease_s on
+-- :channel). Rows come back in claim order.
+SELECT id, kind, queue, payload, carry, run_count, failures, claim_token, lease_s,
+       backoff_base_s, backoff_cap_s, waited_s, history
+FROM {prefix}_claim_v1(:queues, :kinds, :n, :reserved_low, :reserved_normal, :worker, :pod,
+                       :default_lease_s, :held_lease_s, :channel);
 
 -- job_settle_many --
 -- Settle a batch of outcomes and write their journal rows in one statement. Each row is

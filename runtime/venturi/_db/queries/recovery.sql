@@ -29,7 +29,7 @@ WITH r AS (
         lease_until = NULL
     FROM r
     WHERE j.id = r.id AND j.claim_token = r.token  -- still the claim that expired (see settle)
-    RETURNING j.id, j.kind, j.run_count, j.status, r.note
+    RETURNING j.id, j.kind, j.queue, j.run_count, j.status, r.note
 ), journal AS (
     INSERT INTO {prefix}_journal (job_id, run, outcome, note, worker)
     SELECT id, run_count, 'stale_recovered', note, :worker FROM recovered
@@ -37,7 +37,8 @@ WITH r AS (
     SELECT pg_notify(:channel, kind) FROM (SELECT DISTINCT kind FROM recovered
                                            WHERE status = 'pending') AS kinds
 )
-SELECT recovered.id, recovered.kind, recovered.status, (SELECT count(*) FROM woken) AS woken
+SELECT recovered.id, recovered.kind, recovered.queue, recovered.run_count, recovered.status,
+       recovered.note, (SELECT count(*) FROM woken) AS woken
 FROM recovered;
 
 -- lease_next_expiry --

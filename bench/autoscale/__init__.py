@@ -1,0 +1,1 @@
+"""A trace-driven, deterministic autoscaling simulator: venturi's operator against KEDA + HPA."""

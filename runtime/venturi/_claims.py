@@ -1,0 +1,86 @@
+"""Claim planning, as pure functions: what the producer asks the database for each round.
+
+- `prefetch_depth`: how many jobs to hold ahead of free slots (short jobs only).
+- `claim_groups`: which kinds to claim together and how many: the uncapped kinds in one
+  request, each capped kind in its own, never past its cap or the free slots (capped kinds
+  are never prefetched, so their work stays pending rather than claimed-and-idle).
+- `plan_slots`: weighted-slot anti-starvation, which tiers each claimed slot may take.
+
+The queues a worker serves are not planned here: one claim statement takes them in order.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+PREFETCH_MAX_FACTOR = 8
+"""Most jobs held ahead of free slots, as a multiple of concurrency (short jobs only)."""
+
+
+def prefetch_depth(concurrency: int, handler_s: float | None, claim_s: float | None) -> int:
+    """How many jobs to hold ahead of free slots: enough to keep every slot busy for one
+    claim round trip (at least `concurrency`, at most `PREFETCH_MAX_FACTOR` times it), but
+    only while handlers run shorter than that round trip (then the round trip, not the work,
+    is the limit); none for long jobs, which other workers should get instead."""
+    if handler_s is None or claim_s is None or handler_s >= claim_s:
+        return 0
+    per_round_trip = math.ceil(concurrency * claim_s / max(handler_s, 1e-6))
+    return min(PREFETCH_MAX_FACTOR * concurrency, max(concurrency, per_round_trip))
+
+
+def claim_room(*, free: int, depth: int, buffered: int, concurrency: int) -> int:
+    """Jobs to claim now: free slots plus prefetch room, or 0 while the buffer still covers
+    the next slots (it is refilled in batches, not one job per freed slot)."""
+    room = free + depth - buffered
+    if buffered and room < max(1, (concurrency + depth) // 4):
+        return 0
+    return max(room, 0)
+
+
+def at_cap(kind: str, caps: Mapping[str, int | None], running: Mapping[str, int]) -> bool:
+    cap = caps.get(kind)
+    return cap is not None and running.get(kind, 0) >= cap
+
+
+def claim_groups(
+    *,
+    kinds: Sequence[str],
+    caps: Mapping[str, int | None],
+    running: Mapping[str, int],
+    free: int,
+    limit: int,
+) -> list[tuple[list[str], int]]:
+    """The claim requests of one round, as (kinds, most jobs): the uncapped kinds together
+    up to `limit` (free slots plus prefetch room), then each capped kind below its cap, up
+    to its remaining cap and the free slots. Kinds at their cap are left out."""
+    groups: list[tuple[list[str], int]] = []
+    uncapped = [k for k in kinds if caps.get(k) is None]
+    if uncapped:
+        groups.append((uncapped, limit))
+    for k in kinds:
+        cap = caps.get(k)
+        if cap is not None and running.get(k, 0) < cap:
+            groups.append(([k], min(free, cap - running.get(k, 0))))
+    return [(ks, n) for ks, n in groups if n > 0]
+
+
+def plan_slots(counter: int, slots: int, ratio: int | None) -> tuple[int, int]:
+    """Of `slots` claims (numbered from `counter`), how many are reserved for LOW alone and
+    how many for NORMAL-or-LOW: `(reserved_low, reserved_normal)`. The rest take any tier.
+
+    With ratio r, one claim slot in r is reserved for tiers below HIGH, and one in r*r for
+    LOW alone, so a flood of high-priority work never starves the lower tiers: each tier step
+    down keeps roughly 1/r of the claims while it has work. A reserved slot that finds no
+    lower-tier work falls back to any tier, so nothing idles. `ratio=None` is strict
+    priority: nothing is reserved."""
+    if ratio is None or ratio <= 1:
+        return (0, 0)
+    low = normal = 0
+    for i in range(counter, counter + slots):
+        if i % ratio == ratio - 1:
+            if (i // ratio) % ratio == ratio - 1:
+                low += 1
+            else:
+                normal += 1
+    return (low, normal)

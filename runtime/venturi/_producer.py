@@ -1,0 +1,201 @@
+"""The producer: the claim loop of a worker's queues.
+
+It claims for free slots, plus (only while handlers are shorter than a claim's round trip)
+one batch ahead, from the worker's queues in their order, in one statement per group of
+kinds (capped kinds are claimed on their own, never beyond their cap). Between claims it
+waits for a notification, the next due job (a timer, so delayed jobs start on time), or a
+freed slot when capacity is what holds work back; `poll_max` only bounds a missed
+notification.
+
+A claim that fails in flight may have committed with its reply lost: before claiming again
+the producer reconciles what the database says the worker holds with what the runner holds,
+and releases the difference.
+
+Started by the worker; calls `PostgresStore.claim`, `next_due` and `release_unheld`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Mapping
+
+from venturi._claims import at_cap, claim_groups, claim_room, plan_slots, prefetch_depth
+from venturi._db.failures import is_database_failure
+from venturi._executor import Registration
+from venturi._outage import Outage, next_delay
+from venturi._records import ClaimedJob
+from venturi._runner import Runner, _ewma
+from venturi.postgres import PostgresStore
+
+logger = logging.getLogger("venturi.worker")
+
+
+class Producer:
+    def __init__(
+        self,
+        store: PostgresStore,
+        runner: Runner,
+        registry: Mapping[str, Registration],
+        *,
+        queues: list[str],
+        worker: str,
+        pod: str | None,
+        lease: float,
+        poll_max: float,
+        priority_ratio: int | None,
+        prefetch: bool,
+        outage: Outage,
+    ) -> None:
+        self._store = store
+        self._runner = runner
+        self._registry = registry
+        self._caps = {kind: reg.cap for kind, reg in registry.items()}
+        self.queues = queues
+        self._worker = worker
+        self._pod = pod
+        self._lease = lease
+        self._poll_max = poll_max
+        self._ratio = priority_ratio
+        self._prefetch = prefetch
+        self._outage = outage
+        self._claim_ewma: float | None = None
+        self._slot_counter = 0
+        self._unsure = False
+        """A claim failed in flight: it may have committed. Reconcile before claiming again."""
+        self.claimed = 0
+        self.wake = asyncio.Event()
+        self.stopping = False
+
+    def notified(self, kind: str) -> None:
+        """A job of `kind` became claimable (an empty kind: maybe any)."""
+        if not kind or kind in self._registry:
+            self.wake.set()
+
+    async def run(self) -> None:
+        runner = self._runner
+        kinds_all = list(self._registry)
+        retry_delay = 0.0
+        while not self.stopping:
+            # Cleared before looking at capacity, so a slot freed during the awaits below
+            # is never missed.
+            runner.slot_freed.clear()
+            want = claim_room(
+                free=runner.free,
+                depth=self._prefetch_depth(),
+                buffered=len(runner.buffer),
+                concurrency=runner.concurrency,
+            )
+            kinds = [k for k in kinds_all if not at_cap(k, self._caps, runner.running_by_kind)]
+            timeout = self._poll_max
+            if want > 0 and kinds:
+                self.wake.clear()
+                try:
+                    if self._unsure:
+                        await self._reconcile()
+                    claimed = await self._claim(kinds, want)
+                except Exception as exc:
+                    if not is_database_failure(exc):
+                        raise
+                    # The claim may have committed with its reply lost: reconcile first.
+                    self._unsure = True
+                    self._outage.failed("claiming", exc)
+                    retry_delay = next_delay(retry_delay)
+                    await self._outage.wait(retry_delay)
+                    continue
+                self._outage.ok()
+                retry_delay = 0.0
+                if len(claimed) >= want:
+                    continue  # maybe more: claim again once there is room
+                due = await self._next_due(kinds)
+                if due is not None:
+                    timeout = min(timeout, max(due, 0.0))
+            if runner.slot_freed.is_set() and runner.free > 0:
+                continue  # a job finished during this round: its slot may unblock work
+            # Wait for a notification, the next due job, or (when capacity is what holds
+            # work back: the worker is full or a kind is at its cap) a freed slot.
+            waiters = [asyncio.ensure_future(self.wake.wait())]
+            full = runner.free <= 0
+            if full or any(at_cap(k, self._caps, runner.running_by_kind) for k in kinds_all):
+                waiters.append(asyncio.ensure_future(runner.slot_freed.wait()))
+            try:
+                await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                for w in waiters:
+                    w.cancel()
+
+    def _prefetch_depth(self) -> int:
+        runner = self._runner
+        if not self._prefetch or runner.handler_samples < runner.concurrency:
+            return 0  # warm up first: a few runs say little
+        return prefetch_depth(runner.concurrency, runner.handler_ewma, self._claim_ewma)
+
+    async def _claim(self, kinds: list[str], limit: int) -> list[ClaimedJob]:
+        """Claim up to `limit` jobs, group by group (see `claim_groups`); each group's slots
+        are split by tier for anti-starvation."""
+        runner = self._runner
+        groups = claim_groups(
+            kinds=kinds,
+            caps=self._caps,
+            running=runner.running_by_kind,
+            free=runner.free,
+            limit=limit,
+        )
+        claimed_all: list[ClaimedJob] = []
+        loop = asyncio.get_running_loop()
+        for group_kinds, group_limit in groups:
+            room = min(group_limit, limit - len(claimed_all))
+            if room <= 0:
+                continue
+            low, normal = plan_slots(self._slot_counter, room, self._ratio)
+            began = loop.time()
+            claimed = await self._store.claim(
+                queues=self.queues,
+                kinds=group_kinds,
+                limit=room,
+                worker=self._worker,
+                pod=self._pod,
+                default_lease_s=self._lease,
+                reserved_low=low,
+                reserved_normal=normal,
+                held_lease_s=self._shortest_held_lease(began),
+            )
+            self._claim_ewma = _ewma(self._claim_ewma, loop.time() - began)
+            self._slot_counter += len(claimed)
+            self.claimed += len(claimed)
+            for job in claimed:
+                runner.accept(job, self._registry[job.kind], began)
+            claimed_all.extend(claimed)
+        return claimed_all
+
+    def _shortest_held_lease(self, now: float) -> float | None:
+        """Seconds until the earliest lease this worker holds ends (None: it holds none).
+        A claim whose leases end sooner announces them to the other workers' rescuers."""
+        ends = [h.renewed_at + h.job.lease_s for h in self._runner.held()]
+        return min(ends) - now if ends else None
+
+    async def _next_due(self, kinds: list[str]) -> float | None:
+        try:
+            return await self._store.next_due(kinds)
+        except Exception as exc:
+            if not is_database_failure(exc):
+                raise
+            self._outage.failed("reading the next due time", exc)
+            return min(1.0, self._poll_max)  # look again soon
+
+    async def _reconcile(self) -> None:
+        """Release what the database says this worker holds and it does not: claims that
+        committed while their reply was lost."""
+        released = await self._store.release_unheld(
+            worker=self._worker,
+            held=self._runner.held_ids(),
+            note="claimed while the connection failed; the claim's reply was lost",
+        )
+        self._unsure = False
+        for job_id, kind in released:
+            logger.warning(
+                "job %s (%s): released a claim whose reply was lost",
+                job_id,
+                kind,
+                extra={"job_id": str(job_id), "kind": kind},
+            )

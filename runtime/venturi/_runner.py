@@ -1,0 +1,253 @@
+"""The runner: the jobs a worker holds, and their runs.
+
+A claimed job starts at once in a free slot, or waits in the prefetch buffer (its lease
+renewed all the same) until one frees. Each run goes through the executor (middleware,
+handler, outcome) and its settlement to the completer. The renewer and the producer read
+what the runner holds; the worker drains it at shutdown.
+
+Called by the producer (`accept`), the renewer (`held`, `lose`) and the worker (`drain`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections import Counter, deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from ulid import ULID
+
+from venturi import logs
+from venturi._completer import Completer
+from venturi._executor import Policy, Registration, execute
+from venturi._hooks import HookSet
+from venturi._records import ClaimedJob, Settlement
+from venturi.context import Cancellation, CancelReason
+from venturi.hooks import Claimed, Finished, Started
+
+logger = logging.getLogger("venturi.worker")
+
+LEASE_MARGIN_MAX = 5.0
+"""Seconds; a job whose lease could not be renewed is aborted this long (or a tenth of its
+lease, if less) before the lease ends, so it has stopped before any other worker can take it."""
+ABANDON_AFTER = 1.0
+"""Seconds a handler gets to stop once its task is cancelled at shutdown; one that ignores
+the cancellation is then abandoned (its job released) so that shutdown ends."""
+
+
+def _ewma(previous: float | None, sample: float, alpha: float = 0.2) -> float:
+    return sample if previous is None else previous + alpha * (sample - previous)
+
+
+@dataclass(eq=False)
+class Held:
+    """One job this worker holds: running, or prefetched and waiting for a slot."""
+
+    job: ClaimedJob
+    reg: Registration
+    renewed_at: float
+    """Loop time just before the claim or the last renewal was sent (so the lease surely
+    lasts until `renewed_at + lease_s` by the database's clock too)."""
+    cancellation: Cancellation = field(default_factory=Cancellation)
+    task: asyncio.Task[None] | None = None
+    lost: bool = False
+
+    @property
+    def abort_at(self) -> float:
+        """Loop time by which the job must have stopped unless its lease is renewed."""
+        lease = self.job.lease_s
+        return self.renewed_at + lease - min(lease * 0.1, LEASE_MARGIN_MAX)
+
+    def stop(self, reason: CancelReason, note: str) -> None:
+        """Abort the handler now (the executor turns this into a release with `note`)."""
+        self.cancellation.force(reason, note)
+        if self.task is not None:
+            self.task.cancel()
+
+
+class Runner:
+    def __init__(
+        self,
+        *,
+        app: Any,
+        concurrency: int,
+        policy: Policy,
+        completer: Completer,
+        hooks: HookSet,
+    ) -> None:
+        self._app = app
+        self.concurrency = concurrency
+        self._policy = policy
+        self._completer = completer
+        self._hooks = hooks
+        self.running: dict[uuid.UUID, Held] = {}
+        self.running_by_kind: Counter[str] = Counter()
+        self.buffer: deque[Held] = deque()
+        """Prefetched jobs: claimed (their leases renewed), not started yet."""
+        self.handler_ewma: float | None = None
+        self.handler_samples = 0
+        self.slot_freed = asyncio.Event()
+        self.changed = asyncio.Event()
+        """Set when a job is taken on (the renewer recomputes its next renewal)."""
+        self.stopping = False
+        self._abandoned: list[asyncio.Task[None]] = []
+
+    @property
+    def free(self) -> int:
+        return self.concurrency - len(self.running)
+
+    @property
+    def abandoned(self) -> int:
+        return sum(1 for t in self._abandoned if not t.done())
+
+    def held(self) -> Iterator[Held]:
+        """Every job held and not lost: running, then prefetched."""
+        for h in self.running.values():
+            if not h.lost:
+                yield h
+        for h in self.buffer:
+            if not h.lost:
+                yield h
+
+    def held_ids(self) -> list[uuid.UUID]:
+        """Ids of every job the database should show as claimed by this worker."""
+        return [*self.running, *(h.job.id for h in self.buffer), *self._completer.unwritten()]
+
+    def accept(self, job: ClaimedJob, reg: Registration, claimed_at: float) -> None:
+        """Start a claimed job now, or hold it in the prefetch buffer."""
+        held = Held(job, reg, claimed_at)
+        if self._hooks.active:
+            self._hooks.claimed(
+                Claimed(
+                    ULID.from_bytes(job.id.bytes), job.kind, job.queue, job.run_count, job.waited_s
+                )
+            )
+        if asyncio.get_running_loop().time() >= held.abort_at:
+            # The claim's reply came too late (a connection that stalled): the lease may be
+            # over and the job recovered elsewhere. Never start it; hand it back unrun.
+            logger.warning(
+                "job %s (%s): its claim's reply arrived as its lease was ending; handed back",
+                job.id,
+                job.kind,
+                extra=logs.job_fields(job.id, job.kind, job.queue, job.run_count),
+            )
+            self._completer.settle_nowait(Settlement.of(job, "returned"))
+            return
+        if len(self.running) < self.concurrency and not self.buffer:
+            self._start(held)
+        else:
+            self.buffer.append(held)
+            self.changed.set()  # its lease needs renewing too
+
+    def _start(self, held: Held) -> None:
+        job = held.job
+        self.running[job.id] = held
+        self.running_by_kind[job.kind] += 1
+        if self._hooks.active:
+            self._hooks.started(
+                Started(ULID.from_bytes(job.id.bytes), job.kind, job.queue, job.run_count)
+            )
+        held.task = asyncio.create_task(self._execute(held), name=f"venturi-job-{job.id}")
+        self.changed.set()
+
+    async def _execute(self, held: Held) -> None:
+        job = held.job
+        loop = asyncio.get_running_loop()
+        began = loop.time()
+        try:
+            settlement = await execute(job, held.reg, self._app, self._policy, held.cancellation)
+            self.handler_ewma = _ewma(self.handler_ewma, loop.time() - began)
+            self.handler_samples += 1
+            if self._hooks.active:
+                self._hooks.finished(
+                    Finished(
+                        ULID.from_bytes(job.id.bytes),
+                        job.kind,
+                        job.queue,
+                        job.run_count,
+                        settlement.outcome,
+                        settlement.duration_s,
+                    )
+                )
+            if job.id in self.running:  # else abandoned at shutdown: already released
+                await self._completer.settle(settlement)
+        finally:
+            self._forget(held)
+            while self.buffer and not self.stopping and len(self.running) < self.concurrency:
+                nxt = self.buffer.popleft()
+                if not nxt.lost:
+                    self._start(nxt)
+            self.slot_freed.set()
+
+    def _forget(self, held: Held) -> None:
+        """Stop counting a running job (once, whichever of its exit or abandonment is first)."""
+        if self.running.pop(held.job.id, None) is not None:
+            self.running_by_kind[held.job.kind] -= 1
+
+    def lose(self, held: Held, why: str) -> None:
+        """This worker no longer (or soon no longer) owns the job: stop it."""
+        held.lost = True
+        if held.job.id not in self.running:
+            return  # prefetched, never started: dropped when dequeued; recovery takes it
+        logger.warning(
+            "job %s (%s): aborted: %s",
+            held.job.id,
+            held.job.kind,
+            why,
+            extra=logs.job_fields(held.job.id, held.job.kind, held.job.queue, held.job.run_count),
+        )
+        held.stop(CancelReason.LEASE_LOST, f"aborted: {why}")
+
+    async def drain(self, *, graceful: bool, shutdown_timeout: float) -> None:
+        """Hand back prefetched jobs, ask running ones to wind down, wait up to the grace
+        period, abort and release stragglers, and give up on handlers that ignore even that."""
+        self.stopping = True
+        while self.buffer:
+            h = self.buffer.popleft()
+            if not h.lost:
+                await self._completer.settle(Settlement.of(h.job, "returned"))
+        if not self.running:
+            return
+        logger.info("shutdown: %d jobs running, asking them to wind down", len(self.running))
+        for held in self.running.values():
+            held.cancellation.request(CancelReason.SHUTDOWN)
+        tasks = [h.task for h in self.running.values() if h.task is not None]
+        if graceful and shutdown_timeout > 0:
+            _, pending = await asyncio.wait(tasks, timeout=shutdown_timeout)
+        else:
+            pending = {t for t in tasks if not t.done()}
+        stragglers = [h for h in self.running.values() if h.task in pending]
+        for h in stragglers:
+            h.stop(CancelReason.SHUTDOWN, "aborted at shutdown after the grace period")
+        if pending:
+            logger.warning("shutdown: aborting %d jobs after the grace period", len(pending))
+            # Executors turn the abort into a release settlement; a handler that swallows
+            # the cancellation is given up on, so shutdown always ends.
+            _, stubborn = await asyncio.wait(pending, timeout=ABANDON_AFTER)
+            for h in stragglers:
+                if h.task in stubborn:
+                    self._abandon(h)
+
+    def _abandon(self, held: Held) -> None:
+        """Release the job of a handler that ignores cancellation, and stop waiting for it."""
+        job = held.job
+        logger.error(
+            "shutdown: job %s (%s): the handler ignored cancellation for %.0fs; released "
+            "without it (the handler may still be running in this process)",
+            job.id,
+            job.kind,
+            ABANDON_AFTER,
+            extra=logs.job_fields(job.id, job.kind, job.queue, job.run_count),
+        )
+        self._forget(held)
+        if held.task is not None:
+            self._abandoned.append(held.task)
+        # Buffered synchronously: the completer's close() flushes it.
+        self._completer.settle_nowait(
+            Settlement.of(
+                job, "released", note="the handler ignored cancellation at shutdown; abandoned"
+            )
+        )

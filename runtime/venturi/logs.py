@@ -1,0 +1,173 @@
+"""Log output for the command lines (`venturi worker`, `venturi-operator`): plain text, or
+one JSON object per line for a log pipeline (`--log-format json`, `VENTURI_LOG_FORMAT=json`).
+
+    {"time": "2026-05-01T12:00:00.123456Z", "level": "warning", "logger": "venturi._executor",
+     "message": "job 0190... (mail) raised", "worker": "host:7#1a2b", "job_id": "01J9...",
+     "kind": "mail", "queue": "default", "run": 2, "exc_info": "Traceback ..."}
+
+A JSON line has `time` (RFC 3339, UTC), `level`, `logger` and `message`; the fields bound for
+the code that logged (`bound()`: the worker around its run, each job around its handler, so a
+handler's own records carry its job too); the known job fields a record's `extra` sets; and
+`exc_info` / `stack_info` as text. Nothing else of a record is written: a library's `extra`
+(kopf puts its settings object there) never spills into the output.
+
+Both formatters take `redact`, strings never to be written (the command line passes every
+piece of the DSN's password): each becomes `***` wherever it stands as a word of its own.
+
+An application that runs a Worker itself can use them the same way:
+
+    handler = logging.StreamHandler()
+    handler.setFormatter(venturi.logs.JsonFormatter())
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import uuid
+from collections.abc import Iterable, Iterator, Mapping
+from contextvars import ContextVar
+from datetime import UTC, datetime
+from types import MappingProxyType
+
+import msgspec
+from ulid import ULID
+
+FORMATS = ("text", "json")
+LEVELS = {
+    "debug": logging.DEBUG,
+    "info": logging.INFO,
+    "warning": logging.WARNING,
+    "error": logging.ERROR,
+}
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+REDACTED = "***"
+
+RECORD_FIELDS = ("job_id", "kind", "queue", "run", "worker")
+"""The attributes a record's `extra` may set that the JSON line carries."""
+
+_bound: ContextVar[Mapping[str, object]] = ContextVar(
+    "venturi_log_fields", default=MappingProxyType({})
+)
+_encoder = msgspec.json.Encoder(enc_hook=str)  # a ULID, a path, anything else: its str()
+
+
+@contextlib.contextmanager
+def bound(fields: Mapping[str, object]) -> Iterator[None]:
+    """Add `fields` to every JSON record logged inside the block, in this task and the tasks
+    it starts (a context variable)."""
+    token = _bound.set({**_bound.get(), **fields})
+    try:
+        yield
+    finally:
+        _bound.reset(token)
+
+
+def job_fields(job_id: uuid.UUID | ULID, kind: str, queue: str, run: int) -> dict[str, object]:
+    """A job's fields, for a record's `extra` (or `bound`); the id as a ULID, the form
+    `venturi journal` and the API take, also where the store's record holds a UUID."""
+    ulid = ULID.from_bytes(job_id.bytes) if isinstance(job_id, uuid.UUID) else job_id
+    return {"job_id": str(ulid), "kind": kind, "queue": queue, "run": run}
+
+
+class Redactor:
+    """Replaces each secret with `***` where it stands as a word of its own (not inside a
+    longer run of letters and digits), ignoring case."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        words = sorted({s for s in secrets if s}, key=len, reverse=True)
+        self._pattern = (
+            re.compile(
+                r"(?<![A-Za-z0-9])(?:" + "|".join(map(re.escape, words)) + r")(?![A-Za-z0-9])",
+                re.IGNORECASE,
+            )
+            if words
+            else None
+        )
+
+    def __call__(self, text: str) -> str:
+        return self._pattern.sub(REDACTED, text) if self._pattern is not None else text
+
+
+class TextFormatter(logging.Formatter):
+    """`TEXT_FORMAT` lines, redacted."""
+
+    def __init__(self, fmt: str = TEXT_FORMAT, *, redact: Iterable[str] = ()) -> None:
+        super().__init__(fmt)
+        self._redact = Redactor(redact)
+
+    def format(self, record: logging.LogRecord) -> str:
+        return self._redact(super().format(record))
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record, on one line (see the module's docstring)."""
+
+    def __init__(self, *, redact: Iterable[str] = ()) -> None:
+        super().__init__()
+        self._redact = Redactor(redact)
+
+    def format(self, record: logging.LogRecord) -> str:
+        line: dict[str, object] = {
+            "time": _rfc3339(record.created),
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "message": self._redact(_message(record)),
+        }
+        for key, value in _bound.get().items():
+            line.setdefault(key, value)
+        attrs = record.__dict__
+        for key in RECORD_FIELDS:
+            if attrs.get(key) is not None:
+                line[key] = attrs[key]
+        line.update(self.fields(record))
+        if record.exc_info and not record.exc_text:
+            record.exc_text = self.formatException(record.exc_info)
+        if record.exc_text:
+            line["exc_info"] = self._redact(record.exc_text)
+        if record.stack_info:
+            line["stack_info"] = self._redact(self.formatStack(record.stack_info))
+        return _encoder.encode(line).decode()
+
+    def fields(self, record: logging.LogRecord) -> Mapping[str, object]:
+        """More fields for `record`: none here (the operator adds the JobQueue's)."""
+        return {}
+
+
+def configure(
+    format: str = "text",
+    level: str = "info",
+    *,
+    redact: Iterable[str] = (),
+    json_formatter: type[JsonFormatter] = JsonFormatter,
+) -> logging.Handler:
+    """Log to stderr in `format` ("text" or "json") from `level` up, replacing the root
+    logger's handlers (a command line's own set-up, done once at start)."""
+    if format not in FORMATS:
+        raise ValueError(f"log format: expected one of {', '.join(FORMATS)}, got {format!r}")
+    if level not in LEVELS:
+        raise ValueError(f"log level: expected one of {', '.join(LEVELS)}, got {level!r}")
+    handler = logging.StreamHandler()
+    handler.setFormatter(
+        json_formatter(redact=redact) if format == "json" else TextFormatter(redact=redact)
+    )
+    root = logging.getLogger()
+    for old in root.handlers[:]:
+        root.removeHandler(old)
+        old.close()
+    root.addHandler(handler)
+    root.setLevel(LEVELS[level])
+    return handler
+
+
+def _rfc3339(created: float) -> str:
+    return datetime.fromtimestamp(created, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _message(record: logging.LogRecord) -> str:
+    try:
+        return record.getMessage()
+    except Exception as exc:  # a bad %-format in someone's log call: keep the line JSON
+        return f"{record.msg!r} (its arguments did not format: {type(exc).__name__})"

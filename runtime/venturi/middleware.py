@@ -1,0 +1,52 @@
+"""Middleware: code that wraps every run of a worker's handlers.
+
+A middleware is an async function of the task, its context and `call_next` (which runs the
+rest of the chain and then the handler). It may act before and after, change nothing, or
+short-circuit the run by returning an `Outcome` without calling `call_next`, e.g. to put a
+job back for later without running it:
+
+    async def business_hours(task: Task, ctx: Context[Any], call_next: CallNext) -> Outcome | None:
+        if not 9 <= datetime.now().hour < 17:
+            return Outcome.pause_in(timedelta(hours=1), note="outside business hours")
+        return await call_next()
+
+    worker = Worker(app, store, middleware=[business_hours])
+
+The first middleware of the list is the outermost. What a middleware returns or raises is
+the run's outcome, exactly as if the handler had: an exception is a failed execution, a
+`TaskError` chooses its fate, a pause is not a failure. Use hooks (`venturi.hooks`) to only
+observe; use middleware to change what happens. A worker without middleware calls its
+handlers directly.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from venturi.context import Context
+from venturi.outcome import Outcome
+
+CallNext = Callable[[], Awaitable[Outcome | None]]
+"""Runs the rest of the chain, then the handler, and returns its outcome."""
+
+Middleware = Callable[[Any, Context[Any], CallNext], Awaitable[Outcome | None]]
+"""`async def middleware(task, ctx, call_next) -> Outcome | None`."""
+
+_Call = Callable[[Any, Context[Any], Any], Awaitable[Outcome | None]]
+
+
+def compose(middleware: Sequence[Middleware], handler: _Call) -> _Call:
+    """`handler` wrapped in `middleware`, the first the outermost (`handler` itself when
+    there is none)."""
+    call = handler
+    for mw in reversed(middleware):
+        call = _wrap(mw, call)
+    return call
+
+
+def _wrap(mw: Middleware, inner: _Call) -> _Call:
+    async def wrapped(task: Any, ctx: Context[Any], app: Any) -> Outcome | None:
+        return await mw(task, ctx, lambda: inner(task, ctx, app))
+
+    return wrapped

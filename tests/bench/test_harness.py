@@ -1,0 +1,140 @@
+"""The benchmark harness's pure parts: process-tree sampling, what a system skips, the report.
+
+The harness itself runs end to end in `python -m bench --quick --no-peers` (scripts/test);
+these pin the pieces that decide what a figure means.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from bench.harness import read_proc
+
+from bench import report, systems
+
+_PARENT = (
+    "import subprocess, sys, time\n"
+    "child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)'])\n"
+    "print(child.pid, flush=True)\n"
+    "time.sleep(60)\n"
+)
+
+
+@pytest.fixture
+def parent_with_child() -> Iterator[tuple[int, int]]:
+    parent = subprocess.Popen([sys.executable, "-c", _PARENT], stdout=subprocess.PIPE, text=True)
+    assert parent.stdout is not None
+    child = int(parent.stdout.readline())
+    try:
+        yield parent.pid, child
+    finally:
+        for pid in (child, parent.pid):
+            subprocess.run(["kill", "-9", str(pid)], check=False)
+        parent.wait()
+        parent.stdout.close()
+
+
+def test_read_proc_sums_a_worker_and_its_pool(parent_with_child: tuple[int, int]) -> None:
+    parent, child = parent_with_child
+    whole, alone = read_proc(parent), read_proc(child)
+    assert whole.processes == 2
+    assert alone.processes == 1
+    # The tree's peak includes the child's own (a pool's memory is not hidden).
+    assert whole.rss_peak_bytes > alone.rss_peak_bytes
+    assert whole.cpu_seconds >= alone.cpu_seconds
+
+
+def test_not_applicable_names_the_reason() -> None:
+    assert systems.not_applicable("river", "enqueue_bulk100")
+    assert systems.not_applicable("river", "drain_c1") is None
+    assert systems.not_applicable("river-1ms", "enqueue_bulk100") is None
+    assert systems.not_applicable("pgqueuer-defaults", "drain_c1") is None
+    assert systems.not_applicable("pgqueuer-defaults", "pickup") is not None
+
+
+def _raw(records: list[dict[str, Any]], scenarios: list[str]) -> dict[str, Any]:
+    return {
+        "meta": {
+            "command": "python -m bench",
+            "mode": "full",
+            "started": "2026-01-01T00:00:00+00:00",
+            "duration_s": 60.0,
+            "plan": {
+                "reps": 1,
+                "n": 100,
+                "backlog_big": 1000,
+                "backlog_kinds": 20,
+                "ceiling_clients": [1],
+                "ceiling_batches": [100],
+                "ceiling_seconds": 1.0,
+            },
+            "systems": ["venturi", "celery", "river"],
+            "scenarios": scenarios,
+            "machine": {"cores": 2, "cpu": "x", "memory_gib": 1.0, "os": "linux"},
+        },
+        "records": records,
+        "ceiling": [],
+        "unavailable": {},
+    }
+
+
+def _record(system: str, scenario: str, **fields: Any) -> dict[str, Any]:
+    return {"system": system, "scenario": scenario, "rep": 0, "metrics": {}, **fields}
+
+
+def test_report_shows_a_dash_and_the_reason_for_what_does_not_apply() -> None:
+    raw = _raw(
+        [
+            _record("venturi", "enqueue_bulk100", metrics={"rate": 50_000.0}),
+            _record("celery", "enqueue_bulk100", skipped={"rate": "no batch enqueue"}),
+            _record("river", "enqueue_bulk100", skipped={"*": "measured as river-1ms"}),
+        ],
+        ["enqueue_bulk100"],
+    )
+    text = report.render(raw)
+    assert "| celery | — |" in text
+    assert "- celery: `rate` skipped: no batch enqueue" in text
+    assert "- river: not run: measured as river-1ms" in text
+    # With no peer figure, venturi is not declared ahead of anyone.
+    assert "| Bulk enqueue (100) ≥ 1.5x the best peer | n/a | not measured |" in text
+
+
+def test_report_names_a_capped_drain_and_the_scenarios_venturi_trails() -> None:
+    drain = {"rate": 100.0, "wait_p50_ms": 1.0, "wait_p90_ms": 1.0, "wait_p99_ms": 1.0}
+    raw = _raw(
+        [
+            _record("venturi", "drain_c1", metrics=drain),
+            _record(
+                "river",
+                "drain_c1",
+                metrics={**drain, "rate": 200.0},
+                info={"capped": "stopped after 120 s"},
+            ),
+        ],
+        ["drain_c1"],
+    )
+    text = report.render(raw)
+    assert "- river: rep 1: stopped after 120 s" in text
+    assert "| Drain c=1 ≥ 1.5x the best peer | 0.50x river | **missed** |" in text
+    ahead = next(line for line in text.splitlines() if "Every scenario ahead" in line)
+    assert "drain_c1 jobs/s (river)" in ahead
+    assert "**missed**" in ahead
+
+
+def test_report_tells_a_scenario_not_run_from_one_that_gave_no_figure() -> None:
+    raw = _raw(
+        [
+            _record("venturi", "pickup", metrics={"wait_p99_ms": 4.0}),
+            _record("river", "pickup", skipped={"*": "fell behind"}, info={"jobs": 10}),
+            _record("celery", "pickup", skipped={"*": "does not apply"}, info={}),
+        ],
+        ["pickup"],
+    )
+    text = report.render(raw)
+    assert "- river: rep 1: fell behind" in text
+    assert "- celery: not run: does not apply" in text
+    assert "| river | — | — | — |" in text

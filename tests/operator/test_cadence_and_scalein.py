@@ -1,0 +1,32 @@
+"""The reconcile loop's wake rule and the scale-in marking, as plain functions."""
+
+from __future__ import annotations
+
+from venturi_operator.cadence import BURST_WAKE_SECONDS, wake_at
+from venturi_operator.scalein import busy_pods, deletion_costs, stale_costs
+
+
+def test_a_pool_at_zero_wakes_at_once() -> None:
+    assert wake_at(decided=0, last_tick=99.0, now=100.0) == 100.0
+
+
+def test_a_running_pool_wakes_at_most_once_per_burst_gap() -> None:
+    assert wake_at(decided=3, last_tick=100.0, now=100.0 + BURST_WAKE_SECONDS + 1) == 106.0
+    # Too soon after the last tick: not dropped, deferred to the end of the gap.
+    assert wake_at(decided=3, last_tick=100.0, now=101.0) == 100.0 + BURST_WAKE_SECONDS
+
+
+def test_before_the_first_tick_nothing_wakes() -> None:
+    assert wake_at(decided=None, last_tick=None, now=5.0) is None
+
+
+def test_costs_are_the_jobs_each_pod_holds_and_idle_pods_cost_nothing() -> None:
+    costs = deletion_costs(["a", "b", "c"], {"b": 3, "elsewhere": 9})
+    assert costs == {"a": 0, "b": 3, "c": 0}
+    assert busy_pods(costs) == 1
+
+
+def test_only_costs_that_changed_are_patched() -> None:
+    costs = {"a": 0, "b": 3, "c": 0, "d": 1, "e": 0}
+    annotated = {"a": None, "b": "3", "c": "5", "d": None, "e": "0"}
+    assert stale_costs(annotated, costs) == {"a": 0, "c": 0, "d": 1}
