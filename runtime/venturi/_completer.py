@@ -98,6 +98,10 @@ class Completer:
         self._drained.clear()
         self._has_items.set()
 
+    async def flushed(self) -> None:
+        """Wait until every settlement given so far is written (or given up on)."""
+        await self._drained.wait()
+
     def unwritten(self) -> Iterator[uuid.UUID]:
         """Ids of jobs whose settlement is waiting or being written: still claimed in the
         database, and still this worker's."""

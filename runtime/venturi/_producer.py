@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass
 
 from venturi._claims import at_cap, claim_groups, claim_room, plan_slots, prefetch_depth
 from venturi._db.failures import is_database_failure
@@ -29,6 +30,23 @@ from venturi._runner import Runner, _ewma
 from venturi.postgres import PostgresStore
 
 logger = logging.getLogger("venturi.worker")
+
+
+@dataclass(frozen=True, slots=True)
+class RunLimits:
+    """When the producer stops claiming on its own (the worker then finishes what it holds
+    and returns): never, by default."""
+
+    once: bool = False
+    """After the jobs due now: stop at the first claim that finds fewer than it asked for."""
+    stop_when_empty: bool = False
+    """When nothing of the worker's is pending any more, due now or later, and nothing runs."""
+    max_jobs: int | None = None
+    """After claiming this many jobs."""
+
+    @property
+    def any(self) -> bool:
+        return self.once or self.stop_when_empty or self.max_jobs is not None
 
 
 class Producer:
@@ -46,6 +64,7 @@ class Producer:
         priority_ratio: int | None,
         prefetch: bool,
         outage: Outage,
+        limits: RunLimits = RunLimits(),
     ) -> None:
         self._store = store
         self._runner = runner
@@ -59,6 +78,7 @@ class Producer:
         self._ratio = priority_ratio
         self._prefetch = prefetch
         self._outage = outage
+        self._limits = limits
         self._claim_ewma: float | None = None
         self._slot_counter = 0
         self._unsure = False
@@ -86,6 +106,10 @@ class Producer:
                 buffered=len(runner.buffer),
                 concurrency=runner.concurrency,
             )
+            if self._limits.max_jobs is not None:
+                want = min(want, self._limits.max_jobs - self.claimed)
+                if self.claimed >= self._limits.max_jobs:
+                    return  # the worker finishes what it holds, then returns
             kinds = [k for k in kinds_all if not at_cap(k, self._caps, runner.running_by_kind)]
             timeout = self._poll_max
             if want > 0 and kinds:
@@ -107,6 +131,17 @@ class Producer:
                 retry_delay = 0.0
                 if len(claimed) >= want:
                     continue  # maybe more: claim again once there is room
+                some_capped = len(kinds) < len(kinds_all)
+                if self._limits.once and not some_capped:
+                    return  # nothing more is due now
+                if self._limits.stop_when_empty and not some_capped and runner.idle.is_set():
+                    # Nothing runs; once its outcomes are written (a failure may have become
+                    # a retry), nothing due now or later means nothing is left to do.
+                    if any(runner.held_ids()):
+                        await runner.flushed()
+                        continue
+                    if await self._next_due(kinds) is None:
+                        return
                 due = await self._next_due(kinds)
                 if due is not None:
                     timeout = min(timeout, max(due, 0.0))
@@ -116,7 +151,9 @@ class Producer:
             # work back: the worker is full or a kind is at its cap) a freed slot.
             waiters = [asyncio.ensure_future(self.wake.wait())]
             full = runner.free <= 0
-            if full or any(at_cap(k, self._caps, runner.running_by_kind) for k in kinds_all):
+            capped = any(at_cap(k, self._caps, runner.running_by_kind) for k in kinds_all)
+            # With a run limit, a finished job may be what ends the run: look again then.
+            if full or capped or (self._limits.any and not runner.idle.is_set()):
                 waiters.append(asyncio.ensure_future(runner.slot_freed.wait()))
             try:
                 await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)

@@ -92,6 +92,9 @@ class Runner:
         self.slot_freed = asyncio.Event()
         self.changed = asyncio.Event()
         """Set when a job is taken on (the renewer recomputes its next renewal)."""
+        self.idle = asyncio.Event()
+        """Set while the runner holds no job (nothing running, nothing prefetched)."""
+        self.idle.set()
         self.stopping = False
         self._abandoned: list[asyncio.Task[None]] = []
 
@@ -112,6 +115,10 @@ class Runner:
             if not h.lost:
                 yield h
 
+    async def flushed(self) -> None:
+        """Wait until the outcomes of the jobs run so far are written."""
+        await self._completer.flushed()
+
     def held_ids(self) -> list[uuid.UUID]:
         """Ids of every job the database should show as claimed by this worker."""
         return [*self.running, *(h.job.id for h in self.buffer), *self._completer.unwritten()]
@@ -119,6 +126,7 @@ class Runner:
     def accept(self, job: ClaimedJob, reg: Registration, claimed_at: float) -> None:
         """Start a claimed job now, or hold it in the prefetch buffer."""
         held = Held(job, reg, claimed_at)
+        self.idle.clear()
         if self._hooks.active:
             self._hooks.claimed(
                 Claimed(
@@ -135,6 +143,7 @@ class Runner:
                 extra=logs.job_fields(job.id, job.kind, job.queue, job.run_count),
             )
             self._completer.settle_nowait(Settlement.of(job, "returned"))
+            self._note_if_idle()
             return
         if len(self.running) < self.concurrency and not self.buffer:
             self._start(held)
@@ -180,7 +189,12 @@ class Runner:
                 nxt = self.buffer.popleft()
                 if not nxt.lost:
                     self._start(nxt)
+            self._note_if_idle()
             self.slot_freed.set()
+
+    def _note_if_idle(self) -> None:
+        if not self.running and all(h.lost for h in self.buffer):
+            self.idle.set()
 
     def _forget(self, held: Held) -> None:
         """Stop counting a running job (once, whichever of its exit or abandonment is first)."""

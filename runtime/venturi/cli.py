@@ -40,6 +40,7 @@ from ulid import ULID
 
 from venturi import logs
 from venturi._dsn import secret_pieces
+from venturi._settings import check_queue_name
 from venturi.embedded import EmbeddedPostgresError
 from venturi.errors import SchemaError
 from venturi.jobs import CleanupCriteria, Job, JobFilter, JobStatus, JournalEntry, Stats
@@ -129,6 +130,21 @@ def _parser() -> argparse.ArgumentParser:
 
     worker = sub.add_parser("worker", parents=[common], help="run a worker until SIGTERM/SIGINT")
     worker.add_argument("factory", help="MODULE:FUNCTION returning a Worker; called with the store")
+    worker.add_argument(
+        "--queue",
+        help="queues to serve, in order, comma-separated (default: the factory's Worker's)",
+    )
+    mode = worker.add_mutually_exclusive_group()
+    mode.add_argument("--once", action="store_true", help="run the jobs due now, then exit")
+    mode.add_argument(
+        "--stop-when-empty",
+        action="store_true",
+        help="exit when nothing is pending (due now or later) and nothing runs",
+    )
+    worker.add_argument("--max-jobs", type=positive_int, help="exit after this many jobs")
+    worker.add_argument(
+        "--max-time", type=parse_duration, help="shut down gracefully after this long (90s, 1h)"
+    )
 
     sub.add_parser("stats", parents=[common], help="live counts by kind")
 
@@ -239,6 +255,15 @@ async def _worker(args: argparse.Namespace, store: PostgresStore) -> None:
         raise UsageError(f"worker: {args.factory}(store) failed: {_describe(exc)}") from exc
     if not isinstance(built, Worker):
         raise UsageError(f"worker: {args.factory} returned {built!r:.200}, not a venturi.Worker")
+    if args.queue is not None:
+        try:
+            built.queues = tuple(
+                check_queue_name(q.strip(), setting="--queue") for q in args.queue.split(",")
+            )
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"worker: {exc}") from None
+        if len(set(built.queues)) != len(built.queues):
+            raise UsageError(f"worker: --queue names a queue twice: {args.queue!r}")
     await store.check_schema()  # before saying "serving" (run() checks again)
     shutdown = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -246,8 +271,14 @@ async def _worker(args: argparse.Namespace, store: PostgresStore) -> None:
         loop.add_signal_handler(sig, shutdown.set)
     # Every task the worker starts inherits the field: each of its records names it.
     with logs.bound({"worker": str(built.identity)}):
-        logger.info("worker %s serving %s", built.identity, built.kinds)
-        await built.run(shutdown)
+        logger.info("worker %s serving %s from %s", built.identity, built.kinds, list(built.queues))
+        await built.run(
+            shutdown,
+            once=args.once,
+            stop_when_empty=args.stop_when_empty,
+            max_jobs=args.max_jobs,
+            max_time=args.max_time,
+        )
         if built.abandoned:
             # Their jobs were released; waiting for handlers that ignore cancellation would
             # keep the process alive forever (asyncio.run awaits every task it cancels).

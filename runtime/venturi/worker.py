@@ -19,6 +19,7 @@ venturi ends `run()`, with its traceback.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from collections import Counter
@@ -31,13 +32,13 @@ from venturi._executor import Policy, Registration
 from venturi._hooks import hook_set
 from venturi._notifier import Notifier
 from venturi._outage import Outage, next_delay
-from venturi._producer import Producer
+from venturi._producer import Producer, RunLimits
 from venturi._records import Settlement
 from venturi._renewer import Renewer
 from venturi._rescuer import Rescuer
 from venturi._runner import Runner
 from venturi._settings import DEFAULT_QUEUE, check_queue_name, worker_settings
-from venturi.backoff import DEFAULT_BACKOFF, Backoff, Seconds
+from venturi.backoff import DEFAULT_BACKOFF, Backoff, Seconds, to_seconds
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.context import Context
 from venturi.errors import DuplicateKindError
@@ -238,11 +239,25 @@ class Worker(Generic[AppT]):
 
     # -- running ---------------------------------------------------------------------
 
-    async def run(self, shutdown: asyncio.Event | None = None) -> None:
+    async def run(
+        self,
+        shutdown: asyncio.Event | None = None,
+        *,
+        once: bool = False,
+        stop_when_empty: bool = False,
+        max_jobs: int | None = None,
+        max_time: Seconds | None = None,
+    ) -> None:
         """Claim and run jobs until `shutdown` is set, then shut down gracefully:
         stop claiming, raise the cooperative cancel, wait up to `shutdown_timeout`, abort
         and release stragglers, flush every settlement. Cancelling `run()` itself does
         the same without the grace period.
+
+        Run modes end the run on their own: `once` after the jobs due now (it stops at the
+        first claim that finds fewer than it asked for), `stop_when_empty` when nothing of
+        this worker's queues and kinds is pending any more, due now or later, and nothing
+        runs; `max_jobs` after claiming that many. Each lets what runs finish normally, then
+        returns. `max_time` (seconds) shuts down gracefully after that long, as `shutdown`.
 
         A database that is down when the worker starts, or goes away later, is waited for;
         only a bug in venturi ends `run()` early, by raising it (after draining).
@@ -251,6 +266,8 @@ class Worker(Generic[AppT]):
             raise RuntimeError("a Worker runs once; create a new one")
         if not self._registry:
             raise ValueError("no task registered: call worker.register(TaskType, handler) first")
+        limits = _limits(once, stop_when_empty, max_jobs)
+        deadline = None if max_time is None else to_seconds(max_time, name="max_time", low=1e-3)
         self._check_pool()
         await self._check_schema()  # never run against a schema this release does not know
         self._started = True
@@ -277,6 +294,7 @@ class Worker(Generic[AppT]):
             priority_ratio=self.priority_ratio,
             prefetch=self.prefetch,
             outage=self._outage,
+            limits=limits,
         )
         rescuer = self._rescuer = Rescuer(
             self.store,
@@ -313,7 +331,9 @@ class Worker(Generic[AppT]):
             ),
         ]
         claim_loop: asyncio.Task[None] | None = None
-        stop = asyncio.create_task((shutdown or asyncio.Event()).wait(), name="venturi-shutdown")
+        stop = asyncio.create_task(
+            _until(shutdown or asyncio.Event(), deadline), name="venturi-shutdown"
+        )
         graceful = True
         try:
             # Claim once LISTEN is up, so no notification sent after the first claim is missed.
@@ -330,9 +350,18 @@ class Worker(Generic[AppT]):
                 await asyncio.wait(
                     {claim_loop, stop, *background}, return_when=asyncio.FIRST_COMPLETED
                 )
+                if claim_loop.done() and claim_loop.exception() is None and not stop.done():
+                    # A run limit ended the claims: let what runs finish, then stop.
+                    idle = asyncio.create_task(runner.idle.wait())
+                    try:
+                        await asyncio.wait(
+                            {idle, stop, *background}, return_when=asyncio.FIRST_COMPLETED
+                        )
+                    finally:
+                        idle.cancel()
             for task in (claim_loop, *background):
                 if task is not None and task.done():
-                    task.result()  # the loops only end by raising a bug: fail loudly
+                    task.result()  # only a bug ends a loop with an exception: fail loudly
         except asyncio.CancelledError:
             graceful = False
             raise
@@ -408,6 +437,22 @@ class Worker(Generic[AppT]):
         )
         if kept and settlement.outcome == "dead":
             hooks.dead(Dead(job_id, settlement.kind, queue, run, settlement.note))
+
+
+async def _until(shutdown: asyncio.Event, deadline: float | None) -> None:
+    """Until `shutdown` is set, or `deadline` seconds have passed."""
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(shutdown.wait(), deadline)
+
+
+def _limits(once: bool, stop_when_empty: bool, max_jobs: int | None) -> RunLimits:
+    if once and stop_when_empty:
+        raise ValueError("pass `once` (the jobs due now) or `stop_when_empty`, not both")
+    if max_jobs is not None and (
+        not isinstance(max_jobs, int) or isinstance(max_jobs, bool) or max_jobs < 1
+    ):
+        raise ValueError(f"max_jobs: expected an int >= 1, got {max_jobs!r}")
+    return RunLimits(once=once, stop_when_empty=stop_when_empty, max_jobs=max_jobs)
 
 
 def _queues(queue: str | None, queues: Sequence[str] | None) -> tuple[str, ...]:

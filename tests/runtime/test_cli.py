@@ -266,7 +266,7 @@ async def test_worker_logs_json_lines_and_never_the_password(queue: Queue, pg_ds
 
     [serving] = [r for r in records if r["logger"] == "venturi.cli"]
     worker = serving["worker"]
-    assert serving["message"] == f"worker {worker} serving ['echo', 'boom']"
+    assert serving["message"] == f"worker {worker} serving ['echo', 'boom'] from ['default']"
     assert {"venturi.worker"} <= {r["logger"] for r in records}
     ours = [r for r in records if r["logger"].startswith(("venturi.", "tests."))]
     assert all(r["worker"] == worker for r in ours), "every record is the worker's"
