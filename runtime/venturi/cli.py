@@ -42,6 +42,7 @@ from venturi import logs
 from venturi._dsn import secret_pieces
 from venturi._settings import check_queue_name
 from venturi.embedded import EmbeddedPostgresError
+from venturi.encryption import KEYS_ENV, KeyRing, SealedCodec, new_key
 from venturi.errors import SchemaError
 from venturi.jobs import CleanupCriteria, Job, JobFilter, JobStatus, JournalEntry, Stats
 from venturi.postgres import DEFAULT_PREFIX, PostgresStore
@@ -164,6 +165,16 @@ def _parser() -> argparse.ArgumentParser:
     cleanup.add_argument("--kind")
     cleanup.add_argument("--status", choices=["completed", "dead"])
 
+    rekey = sub.add_parser(
+        "rekey", parents=[common], help="seal stored encrypted values with the current key"
+    )
+    rekey.add_argument(
+        "--keys-env",
+        default=KEYS_ENV,
+        help="environment variable holding the key ring (default %(default)s)",
+    )
+    sub.add_parser("keygen", parents=[common], help="print a new random key for a key ring")
+
     demo = sub.add_parser("demo", parents=[common], help="run the demo (embedded DB without --dsn)")
     demo.add_argument("--jobs", type=positive_int, default=3000)
     demo.add_argument("--concurrency", type=positive_int, default=8)
@@ -178,6 +189,10 @@ def _ulid(text: str) -> ULID:
 
 
 async def _run(args: argparse.Namespace) -> int:
+    if args.command == "keygen":
+        key = new_key()
+        _out(args, {"key": key}, key)
+        return 0
     if args.command == "demo":
         from venturi.demo import run_demo
 
@@ -197,6 +212,11 @@ async def _run(args: argparse.Namespace) -> int:
             )
         elif args.command == "worker":
             await _worker(args, store)
+        elif args.command == "rekey":
+            ring = KeyRing.from_env(args.keys_env)
+            n = await Queue(store, codec=SealedCodec(ring)).rekey()
+            _out(args, {"rewritten": n, "current_key": ring.current},
+                 f"rekeyed {n} jobs to key {ring.current!r}")  # fmt: skip
         elif args.command == "stats":
             stats = await queue.stats()
             _out(args, _stats_json(stats), _stats_text(stats))

@@ -199,6 +199,11 @@ class Worker(Generic[AppT]):
         bounds how many jobs of this kind run at once in this worker.
         """
         kind = kind_of(task_type)
+        if task_type.ENCRYPTED and not getattr(self.policy.codec, "seals", False):
+            raise TypeError(
+                f"register({task_type.__qualname__}): an encrypted task (ENCRYPTED = True) "
+                f"needs the Worker's codec=SealedCodec(KeyRing...) (see venturi.encryption)"
+            )
         if handler is None:
             handler = getattr(task_type, "handle", None)
             if handler is None:
