@@ -33,6 +33,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -164,6 +165,15 @@ def _parser() -> argparse.ArgumentParser:
     cleanup.add_argument("--kind")
     cleanup.add_argument("--status", choices=["completed", "dead"])
 
+    new_task = sub.add_parser(
+        "new-task", parents=[common], help="write a new task, its handler and a test"
+    )
+    new_task.add_argument("name", help="the task class, in CamelCase (SendInvoice)")
+    new_task.add_argument("--module", required=True, help="where it lives (myapp.orders)")
+    new_task.add_argument(
+        "--root", type=Path, default=Path("."), help="project directory (default: here)"
+    )
+
     demo = sub.add_parser("demo", parents=[common], help="run the demo (embedded DB without --dsn)")
     demo.add_argument("--jobs", type=positive_int, default=3000)
     demo.add_argument("--concurrency", type=positive_int, default=8)
@@ -177,7 +187,21 @@ def _ulid(text: str) -> ULID:
         raise UsageError(f"not a job id (a 26-character ULID): {text!r}") from None
 
 
+def _new_task(args: argparse.Namespace) -> int:
+    from venturi import scaffold
+
+    written = scaffold.write(scaffold.render(args.name, args.module), args.root)
+    _out(
+        args,
+        {"written": [str(p) for p in written]},
+        "\n".join(f"wrote {p}" for p in written),
+    )
+    return 0
+
+
 async def _run(args: argparse.Namespace) -> int:
+    if args.command == "new-task":
+        return _new_task(args)
     if args.command == "demo":
         from venturi.demo import run_demo
 
@@ -459,7 +483,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     redact = logs.Redactor(secrets)
     try:
         return asyncio.run(_run(args))
-    except (UsageError, SchemaError, ValueError) as exc:
+    except (UsageError, SchemaError, ValueError, FileExistsError) as exc:
         return _fail(args, exc, str(exc), redact)
     except (
         OSError,
