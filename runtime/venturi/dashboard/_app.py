@@ -66,11 +66,15 @@ def app(
     if refresh <= 0:
         raise ValueError(f"refresh: expected seconds > 0, got {refresh!r}")
     if not 0 < statement_timeout <= 60:
-        raise ValueError(f"statement_timeout: expected 0 < seconds <= 60, got {statement_timeout!r}")
+        raise ValueError(
+            f"statement_timeout: expected 0 < seconds <= 60, got {statement_timeout!r}"
+        )
     provide: Callable[[], PostgresStore] = (
         (lambda: store) if isinstance(store, PostgresStore) else store
     )
-    pages = _Pages(provide, read_only=read_only, refresh=refresh, timeout=statement_timeout, codec=codec)
+    pages = _Pages(
+        provide, read_only=read_only, refresh=refresh, timeout=statement_timeout, codec=codec
+    )
     routes = [
         Route("/", pages.overview, name="overview"),
         Route("/jobs", pages.jobs, name="jobs"),
@@ -176,7 +180,11 @@ class _Pages:
     async def http_error(self, request: Request, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)
         return self._render(
-            request, "error.html", code=exc.status_code, title=str(exc.status_code), reason=exc.detail
+            request,
+            "error.html",
+            code=exc.status_code,
+            title=str(exc.status_code),
+            reason=exc.detail,
         )
 
     # -- pages ----------------------------------------------------------------------------
@@ -197,7 +205,9 @@ class _Pages:
         before = _ulid(params.get("before"), "before=")
         async with self._store().reading() as reader:
             found = await reader.jobs(
-                JobFilter(status=status, kind=kind, queue=queue, before_id=before, limit=PAGE_SIZE + 1)
+                JobFilter(
+                    status=status, kind=kind, queue=queue, before_id=before, limit=PAGE_SIZE + 1
+                )
             )
             counts = await reader.counts()
             now = await reader.now()
@@ -276,22 +286,26 @@ class _Pages:
         if self._read_only:
             raise HTTPException(403, "This dashboard is read-only: actions are turned off.")
         if not _guard.same_origin(request.headers):
-            raise HTTPException(403, "Refused: the request did not come from this dashboard's pages.")
+            raise HTTPException(
+                403, "Refused: the request did not come from this dashboard's pages."
+            )
         body = await request.body()
         if len(body) > MAX_FORM_BYTES:
             raise HTTPException(413, "Form too large.")
         form = {k: v[0] for k, v in urllib.parse.parse_qs(body.decode("utf-8", "replace")).items()}
-        if not _guard.token_matches(request.cookies.get(_guard.CSRF_COOKIE), form.get(_guard.CSRF_FIELD)):
-            raise HTTPException(403, "Refused: the form's token is missing or stale; reload the page.")
+        if not _guard.token_matches(
+            request.cookies.get(_guard.CSRF_COOKIE), form.get(_guard.CSRF_FIELD)
+        ):
+            raise HTTPException(
+                403, "Refused: the form's token is missing or stale; reload the page."
+            )
         return form
 
     def _back(self, request: Request, form: dict[str, str], notice: str, n: int) -> Response:
         base = request.scope.get("root_path", "").rstrip("/")
         target = _safe_next(form.get("next"), base) or f"{base}/failed"
         split = urllib.parse.urlsplit(target)
-        query = [
-            (k, v) for k, v in urllib.parse.parse_qsl(split.query) if k not in ("notice", "n")
-        ]
+        query = [(k, v) for k, v in urllib.parse.parse_qsl(split.query) if k not in ("notice", "n")]
         query += [("notice", notice), ("n", str(n))]
         return RedirectResponse(f"{split.path}?{urllib.parse.urlencode(query)}", status_code=303)
 
@@ -329,7 +343,8 @@ def _status(text: str | None) -> JobStatus | None:
         return JobStatus(text)
     except ValueError:
         raise HTTPException(
-            400, f"Unknown status {text!r}: expected one of {', '.join(s.value for s in JobStatus)}."
+            400,
+            f"Unknown status {text!r}: expected one of {', '.join(s.value for s in JobStatus)}.",
         ) from None
 
 

@@ -48,9 +48,7 @@ class Finished:
 class Reader:
     """The reads of one page, on one connection, inside its bounded transaction."""
 
-    def __init__(
-        self, conn: Any, queries: Mapping[str, sql.Statement], queue: Queue
-    ) -> None:
+    def __init__(self, conn: Any, queries: Mapping[str, sql.Statement], queue: Queue) -> None:
         self._conn = conn
         self._q = queries
         self.queue = queue
@@ -164,7 +162,9 @@ class DashboardStore:
             async with self._connection(readonly=False) as conn:
                 rows = await conn.fetch(
                     pick.text,
-                    *pick.args({"cutoff": cutoff, "kind": kind, "limit": min(BATCH, limit - total)}),
+                    *pick.args(
+                        {"cutoff": cutoff, "kind": kind, "limit": min(BATCH, limit - total)}
+                    ),
                 )
                 if not rows:
                     break

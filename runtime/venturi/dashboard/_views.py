@@ -112,6 +112,8 @@ def duration(seconds: float | None) -> str:
     if seconds is None:
         return "-"
     seconds = max(0.0, seconds)
+    if seconds < 0.001:
+        return "<1 ms" if seconds > 0 else "0 s"
     if seconds < 1:
         return f"{seconds * 1000:.0f} ms"
     if seconds < 60:
