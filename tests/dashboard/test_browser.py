@@ -64,6 +64,7 @@ async def test_jobs_page_filters_and_pages_by_keyset(
         await page.select_option("select[name=kind]", Resize.KIND)
         await page.click("form.filters button")
         await page.wait_for_url("**/jobs?status=pending&kind=media.resize&queue=")
+        assert await text(page, "[data-status=dead]") == "0"  # the tabs count this kind
         shown = await page.locator("tr[data-job]").evaluate_all(
             "rows => rows.map(r => r.dataset.job)"
         )

@@ -86,6 +86,8 @@ def test_long_payloads_are_cut_for_the_page() -> None:
     assert len(shown) < _views.PAYLOAD_SHOWN + 100
     assert shown.endswith("more characters)")
     assert _views.first_line("boom\ntraceback ...") == "boom"
+    assert _views.pretty({"page": 3}) == '{"page": 3}'
+    assert _views.pretty({"k": "v" * 80}).startswith('{\n  "k"')
 
 
 @pytest.mark.parametrize(

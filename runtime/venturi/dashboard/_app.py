@@ -225,7 +225,11 @@ class _Pages:
             paged=before is not None,
             older=str(found[-1].id) if more else None,
             kinds=sorted(counts),
-            totals=_views.status_totals(counts),
+            # The kept counters are by kind and status: the tabs count what the kind filter
+            # shows; by queue there are no counters yet (stats by queue are not built), so none.
+            totals=None
+            if queue
+            else _views.status_totals({k: c for k, c in counts.items() if kind in (None, k)}),
             statuses=[s.value for s in JobStatus],
             shown_status=lambda j: _views.shown_status(j, now),
             ago=lambda at: _views.ago(at, now),

@@ -148,8 +148,11 @@ def shown_status(job: Job, now: datetime) -> str:
 
 
 def pretty(value: Any) -> str:
-    """A decoded JSON value, indented, cut at `PAYLOAD_SHOWN` characters."""
-    text = json.dumps(value, indent=2, ensure_ascii=False, sort_keys=False, default=str)
+    """A decoded JSON value: on one line when short, else indented; cut at `PAYLOAD_SHOWN`
+    characters."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    if len(text) > 72:
+        text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
     if len(text) > PAYLOAD_SHOWN:
         return text[:PAYLOAD_SHOWN] + f"\n… ({len(text) - PAYLOAD_SHOWN:,} more characters)"
     return text
