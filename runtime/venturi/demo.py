@@ -163,7 +163,10 @@ async def _serve_dashboard(
     """Keep a worker running, add jobs worth looking at, serve the dashboard until a signal."""
     from venturi.dashboard import _serve, app  # the dashboard extra, only when asked for
 
-    sock = _serve.listen("127.0.0.1", port)
+    try:
+        sock = _serve.listen("127.0.0.1", port)
+    except OSError as exc:
+        raise ValueError(f"demo: the dashboard cannot listen on 127.0.0.1:{port}: {exc}") from None
     await queue.enqueue_many(Report(month=m) for m in range(1, 6))
     for minutes in range(1, 13):
         await queue.enqueue_in(Thumbnail(image_id=10_000 + minutes), timedelta(minutes=minutes))

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from typing import Any
 
 import asyncpg
@@ -335,7 +335,7 @@ class _Pages:
         form = await self._form(request)
         kind = form.get("kind") or None
         store = self._store()
-        n = await store.retry_all(cutoff=datetime.now(UTC), kind=kind, actor=_guard.actor(request))
+        n = await store.retry_all(kind=kind, actor=_guard.actor(request))
         more = n >= BULK_LIMIT and await store.dead_count(kind) > 0
         return self._back(request, form, "retried_all_more" if more else "retried_all", n)
 

@@ -147,15 +147,19 @@ class DashboardStore:
     async def retry_all(
         self,
         *,
-        cutoff: datetime,
+        cutoff: datetime | None = None,
         kind: str | None,
         actor: str,
         limit: int = BULK_LIMIT,
         on_batch: Callable[[int], None] | None = None,
     ) -> int:
-        """Retry the jobs that were dead at `cutoff` (of `kind`, or all), `BATCH` per
-        transaction, at most `limit`; returns how many. Retried jobs are pending, so each
-        batch finds the next ones; one that dies again after `cutoff` is not taken again."""
+        """Retry the jobs that were dead at `cutoff` (the database's clock; default: now), of
+        `kind` or all, `BATCH` per transaction, at most `limit`; returns how many. Retried
+        jobs are pending, so each batch finds the next ones; one that dies again after
+        `cutoff` is not taken again."""
+        if cutoff is None:
+            async with self.reading() as reader:
+                cutoff = await reader.now()
         total = 0
         pick = self._q["dashboard_dead_ids"]
         while total < limit:
