@@ -7,6 +7,7 @@
     venturi journal JOB_ID                   one job's journal
     venturi cleanup --older-than 7d          delete finished jobs (and their journal)
     venturi demo                             the demo (an embedded database without --dsn)
+    venturi dashboard [--port 8080]          the web dashboard, on 127.0.0.1
 
 Every command takes the DSN from --dsn or VENTURI_DSN and the prefix from --prefix or
 VENTURI_PREFIX; `--json` prints machine-readable output. A missing or unreachable database,
@@ -177,7 +178,29 @@ def _parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", parents=[common], help="run the demo (embedded DB without --dsn)")
     demo.add_argument("--jobs", type=positive_int, default=3000)
     demo.add_argument("--concurrency", type=positive_int, default=8)
+    demo.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="then keep the worker running and serve the dashboard until Ctrl-C",
+    )
+    demo.add_argument("--port", type=port_number, default=8080, help="the dashboard's port")
+
+    dash = sub.add_parser("dashboard", parents=[common], help="serve the web dashboard")
+    dash.add_argument("--host", default="127.0.0.1", help="address to bind (%(default)s)")
+    dash.add_argument("--port", type=port_number, default=8080, help="port (%(default)s)")
+    dash.add_argument("--read-only", action="store_true", help="hide and refuse the actions")
     return parser
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0 (any free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {value}")
+    return value
 
 
 def _ulid(text: str) -> ULID:
@@ -206,7 +229,13 @@ async def _run(args: argparse.Namespace) -> int:
         from venturi.demo import run_demo
 
         prefix = args.prefix if args.prefix != DEFAULT_PREFIX else "venturi_demo"
-        await run_demo(args.dsn, jobs=args.jobs, concurrency=args.concurrency, prefix=prefix)
+        await run_demo(
+            args.dsn,
+            jobs=args.jobs,
+            concurrency=args.concurrency,
+            prefix=prefix,
+            dashboard_port=args.port if args.dashboard else None,
+        )
         return 0
     if args.dsn is None and not os.environ.get("PGHOST"):
         raise UsageError("no database given: pass --dsn or set VENTURI_DSN")
@@ -247,7 +276,35 @@ async def _run(args: argparse.Namespace) -> int:
             )
         elif args.command == "cleanup":
             await _cleanup(args, store)
+        elif args.command == "dashboard":
+            await _dashboard(args, store)
     return 0
+
+
+async def _dashboard(args: argparse.Namespace, store: PostgresStore) -> None:
+    try:
+        from venturi.dashboard import _serve, app
+    except ImportError as exc:
+        raise UsageError(
+            f"dashboard: needs the dashboard extra (pip install 'venturi[dashboard]'): {exc}"
+        ) from None
+    await store.check_schema()
+    try:
+        sock = _serve.listen(args.host, args.port)
+    except OSError as exc:
+        raise UsageError(f"dashboard: cannot listen on {args.host}:{args.port}: {exc}") from None
+    shutdown = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, shutdown.set)
+    print(f"venturi: dashboard of {store.prefix!r} at {_serve.url_of(sock)}", file=sys.stderr)
+    if not _serve.local_only(args.host):
+        print(
+            "venturi: only clients on this machine are let in (no gate); to open it to others, "
+            "mount venturi.dashboard.app(store, gate=...) in your app",
+            file=sys.stderr,
+        )
+    await _serve.serve(app(store, allow_local=True, read_only=args.read_only), sock, shutdown)
 
 
 async def _worker(args: argparse.Namespace, store: PostgresStore) -> None:
