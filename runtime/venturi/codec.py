@@ -122,11 +122,18 @@ class JsonCodec:
         return result
 
     def decode_any(self, data: str | bytes) -> Any:
-        """Decode JSON into plain Python values."""
-        return msgspec.json.decode(data)
+        """Decode JSON into plain Python values; an encrypted value is shown by its key id
+        only (`{"venturi:sealed": "k1"}`), as `SealedCodec` shows it."""
+        value = msgspec.json.decode(data)
+        if _SEALED in (data.encode() if isinstance(data, str) else data)[:24] and (
+            isinstance(value, dict) and isinstance(value.get(_MARKER), str) and len(value) == 1
+        ):
+            return {_MARKER: value[_MARKER].partition(":")[0]}
+        return value
 
 
-_SEALED = b'"venturi:sealed"'
+_MARKER = "venturi:sealed"
+_SEALED = f'"{_MARKER}"'.encode()
 """How an encrypted value starts (see venturi.encryption): looked for on errors only."""
 
 DEFAULT_CODEC = JsonCodec()
