@@ -9,6 +9,7 @@ from venturi.context import CancelReason, Context
 from venturi.errors import (
     AttachmentTooLarge,
     DuplicateKindError,
+    JobStateError,
     PayloadError,
     SchemaError,
     StoreClosedError,
@@ -18,6 +19,7 @@ from venturi.hooks import Hooks
 from venturi.identity import WorkerIdentity
 from venturi.jobs import (
     CleanupCriteria,
+    FailedJob,
     Job,
     JobFilter,
     JobStatus,
@@ -45,9 +47,11 @@ __all__ = [
     "Context",
     "DedupKey",
     "DuplicateKindError",
+    "FailedJob",
     "Hooks",
     "Job",
     "JobFilter",
+    "JobStateError",
     "JobStatus",
     "JournalEntry",
     "JournalOutcome",

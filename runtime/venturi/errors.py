@@ -4,6 +4,7 @@
     ├── PayloadError          (also a ValueError) a task's payload cannot be encoded
     ├── AttachmentTooLarge    (also a ValueError) ctx.attach() got more than the cap
     ├── DuplicateKindError    (also a ValueError) two task types registered under one KIND
+    ├── JobStateError         (also a ValueError) the job is not in a state the call acts on
     ├── SchemaError           the tables are missing, or their schema is not this release's
     └── StoreClosedError      the store was closed; create a new one
 
@@ -28,6 +29,15 @@ class AttachmentTooLarge(VenturiError, ValueError):
 
 class DuplicateKindError(VenturiError, ValueError):
     """Two different task types were registered under the same KIND."""
+
+
+class JobStateError(VenturiError, ValueError):
+    """The job is missing, or not in a state the call acts on (retrying a job that has not
+    failed, say); `status` is the job's status, a `JobStatus` (None: there is no such job)."""
+
+    def __init__(self, message: str, status: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
 
 
 class SchemaError(VenturiError):

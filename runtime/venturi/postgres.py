@@ -46,6 +46,7 @@ from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.errors import SchemaError, StoreClosedError
 from venturi.jobs import (
     CleanupCriteria,
+    FailedJob,
     Job,
     JobFilter,
     JobStatus,
@@ -825,6 +826,108 @@ class PostgresStore:
         """Claimed jobs per pod (workers outside Kubernetes have no pod)."""
         rows = await self._run.fetch(self._q["claimed_by_pod"])
         return {r["claimed_pod"]: r["n"] for r in rows}
+
+    # -- failed jobs -----------------------------------------------------------------
+
+    @_schema_required
+    async def list_failed(
+        self,
+        *,
+        queue: str | None,
+        kind: str | None,
+        before_id: ULID | None,
+        limit: int,
+        codec: Codec = DEFAULT_CODEC,
+    ) -> list[FailedJob]:
+        """Failed (dead) jobs, newest first, their payloads decoded by `codec`."""
+        rows = await self._run.fetch(
+            self._q["failed_list"],
+            queue=queue,
+            kind=kind,
+            before_id=None if before_id is None else before_id.to_uuid(),
+            limit=limit,
+        )
+        return [
+            FailedJob(
+                id=ULID.from_bytes(r["id"].bytes),
+                queue=r["queue"],
+                kind=r["kind"],
+                payload=codec.decode_any(r["payload"]),
+                error=r["last_error"],
+                failed_at=r["finished_at"],
+                run_count=r["run_count"],
+                failures=r["failures"],
+            )
+            for r in rows
+        ]
+
+    @_schema_required
+    async def retry_failed(self, job_id: ULID | uuid.UUID, *, note: str) -> JobStatus | None:
+        """Put a dead job back in its queue (see `failed_retry`); returns its status before
+        (None: no such job). Only a dead job is changed."""
+        row = await self._run.fetchrow(
+            self._q["failed_retry"], id=_as_uuid(job_id), note=note, channel=self.channel
+        )
+        return None if row is None else JobStatus(row["status"])
+
+    @_schema_required
+    async def retry_all_failed(
+        self, *, queue: str | None, kind: str | None, note: str, batch_size: int = 500
+    ) -> int:
+        """Retry every dead job of `queue` and `kind` (None: any), in bounded batches."""
+        total = 0
+        after: uuid.UUID | None = None
+        while True:
+            row = await self._run.fetchrow(
+                self._q["failed_retry_batch"],
+                queue=queue,
+                kind=kind,
+                after_id=after,
+                limit=batch_size,
+                note=note,
+                channel=self.channel,
+            )
+            assert row is not None
+            total += int(row["retried"])
+            if row["last_id"] is None:
+                return total
+            after = row["last_id"]
+
+    @_schema_required
+    async def forget_failed(self, job_id: ULID | uuid.UUID) -> JobStatus | None:
+        """Delete a dead job and its journal; returns its status (None: no such job). A job
+        that is not dead is left alone."""
+        row = await self._run.fetchrow(self._q["failed_forget"], id=_as_uuid(job_id))
+        return None if row is None else JobStatus(row["status"])
+
+    @_schema_required
+    async def flush_failed(
+        self,
+        *,
+        queue: str | None,
+        kind: str | None,
+        before: datetime | None,
+        batch_size: int = 1000,
+    ) -> int:
+        """Delete dead jobs (and their journal) in bounded batches; returns how many."""
+        total = 0
+        while True:
+            n: int = await self._run.fetchval(
+                self._q["failed_flush_batch"],
+                queue=queue,
+                kind=kind,
+                before=before,
+                limit=batch_size,
+            )
+            total += n
+            if n < batch_size:
+                return total
+
+    @_schema_required
+    async def outstanding(self) -> int:
+        """Jobs waiting (due now or later) or running, from the trigger-kept counts."""
+        n: int = await self._run.fetchval(self._q["jobs_outstanding"])
+        return n
 
 
 def _job(row: asyncpg.Record, codec: Codec) -> Job:

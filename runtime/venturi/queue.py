@@ -26,11 +26,20 @@ from venturi._records import ExistingJob, MergePlan, NewJob, NewJobs
 from venturi._settings import DEFAULT_QUEUE, check_lease, check_queue_name
 from venturi.backoff import MAX_DELAY, Backoff, Seconds, to_seconds
 from venturi.codec import DEFAULT_CODEC, Codec
+from venturi.errors import JobStateError
 from venturi.hooks import Enqueued, Hooks
-from venturi.jobs import CleanupCriteria, Job, JobFilter, JobStatus, JournalEntry, Stats
+from venturi.jobs import (
+    CleanupCriteria,
+    FailedJob,
+    Job,
+    JobFilter,
+    JobStatus,
+    JournalEntry,
+    Stats,
+)
 from venturi.merge import DedupKey, Merge, MergeAction, Pending
 from venturi.postgres import Connection, PostgresStore
-from venturi.task import Priority, Task, carry_type_of, kind_of
+from venturi.task import KIND_PATTERN, Priority, Task, carry_type_of, kind_of
 
 logger = logging.getLogger(__name__)
 
@@ -299,6 +308,69 @@ class Queue:
         age."""
         return await self.store.stats()
 
+    # -- failed jobs -----------------------------------------------------------------
+
+    async def failed(
+        self,
+        *,
+        queue: str | None = None,
+        kind: str | type[Task[Any]] | None = None,
+        before_id: ULID | None = None,
+        limit: int = 100,
+    ) -> list[FailedJob]:
+        """Jobs that failed for good (status dead), of `queue` and `kind` (None: any), newest
+        first, at most `limit` (1..10000); page with `before_id`, the last id of a page."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
+            raise ValueError(f"failed(limit=): expected an int from 1 to 10000, got {limit!r}")
+        return await self.store.list_failed(
+            queue=_queue_filter(queue),
+            kind=_kind_filter(kind),
+            before_id=before_id,
+            limit=limit,
+            codec=self.codec,
+        )
+
+    async def retry(self, job_id: ULID) -> None:
+        """Put a failed job back in its queue, eligible now, with a fresh failure count (so
+        it gets every attempt again); its journal is kept and gains a `retried` entry, and a
+        worker of its queue is woken. A job that is missing or has not failed is a
+        `JobStateError` naming its status, and nothing changes."""
+        before = await self.store.retry_failed(job_id, note=RETRY_NOTE)
+        _expect_dead(job_id, before, "retried")
+
+    async def retry_all(
+        self, *, kind: str | type[Task[Any]] | None = None, queue: str | None = None
+    ) -> int:
+        """Retry every failed job of `kind` and `queue` (None: any), as `retry` does; returns
+        how many. Works in bounded batches, each its own short transaction."""
+        return await self.store.retry_all_failed(
+            queue=_queue_filter(queue), kind=_kind_filter(kind), note=RETRY_NOTE
+        )
+
+    async def forget(self, job_id: ULID) -> None:
+        """Delete one failed job and its journal. A job that is missing or has not failed is a
+        `JobStateError` naming its status, and nothing is deleted."""
+        _expect_dead(job_id, await self.store.forget_failed(job_id), "forgotten")
+
+    async def flush(
+        self,
+        *,
+        kind: str | type[Task[Any]] | None = None,
+        queue: str | None = None,
+        before: datetime | None = None,
+    ) -> int:
+        """Delete the failed jobs of `kind` and `queue` (None: any) that failed before
+        `before` (timezone-aware; None: all), with their journal; returns how many."""
+        if before is not None and (not isinstance(before, datetime) or before.tzinfo is None):
+            raise ValueError(f"flush(before=): expected a timezone-aware datetime, got {before!r}")
+        return await self.store.flush_failed(
+            queue=_queue_filter(queue), kind=_kind_filter(kind), before=before
+        )
+
+    async def pending(self) -> int:
+        """Jobs waiting (due now or later) or running, in every queue of this store."""
+        return await self.store.outstanding()
+
     async def claimed_by_pod(self) -> dict[str, int]:
         """Claimed jobs per pod name (the worker's `WorkerIdentity.pod`), busy pods only; jobs
         claimed outside Kubernetes are not counted. The operator spares busy pods with it."""
@@ -348,4 +420,35 @@ class Queue:
             job.id,
             job.kind,
             extra={"job_id": str(job.id), "kind": job.kind},
+        )
+
+
+RETRY_NOTE = "retried by hand"
+"""The note of the `retried` journal entry `Queue.retry` and `retry_all` write."""
+
+
+def _queue_filter(queue: str | None) -> str | None:
+    return None if queue is None else check_queue_name(queue)
+
+
+def _kind_filter(kind: str | type[Task[Any]] | None) -> str | None:
+    if kind is None:
+        return None
+    if isinstance(kind, type):
+        return _kind(kind)
+    if not isinstance(kind, str) or not KIND_PATTERN.fullmatch(kind):
+        raise ValueError(
+            f"kind: invalid KIND {kind!r:.80}: expected 1-200 characters, letters, digits and "
+            f"_ . : / -, starting with a letter or digit (or a Task class)"
+        )
+    return kind
+
+
+def _expect_dead(job_id: ULID, status: JobStatus | None, done: str) -> None:
+    if status is None:
+        raise JobStateError(f"no job {job_id}: nothing {done}")
+    if status is not JobStatus.DEAD:
+        raise JobStateError(
+            f"job {job_id} is {status.value}, not failed: only failed (dead) jobs can be {done}",
+            status.value,
         )
