@@ -37,7 +37,7 @@ from venturi.jobs import (
     JournalEntry,
     Stats,
 )
-from venturi.merge import DedupKey, Merge, MergeAction, Pending
+from venturi.merge import DEDUP_KEY_MAX_BYTES, DedupKey, Merge, MergeAction, Pending
 from venturi.postgres import Connection, PostgresStore
 from venturi.task import KIND_PATTERN, Priority, Task, carry_type_of, kind_of
 
@@ -48,7 +48,7 @@ _KINDS: dict[type[Any], str] = {}
 _NO_POLICY: dict[type[Any], bool] = {}
 """Per task class: True when it overrides none of the enqueue-time policy hooks, so the
 bulk path can skip calling them per job."""
-_HOOKS = ("priority", "lease", "backoff", "dedup_key")
+_HOOKS = ("priority", "lease", "backoff", "dedup_key", "unique_for", "unique_id")
 _NORMAL = int(Priority.NORMAL)
 
 
@@ -135,6 +135,13 @@ class Queue:
         return self.store.using(conn, autocommit=autocommit)
 
     async def _insert(self, store: PostgresStore, task: Task[Any], job: NewJob) -> ULID:
+        if job.unique_key is not None:
+            holder = await store.insert_unique(job)
+            self._log(job)
+            if self.hooks.active:
+                merged = None if holder == job.id else "unique"
+                self.hooks.enqueued(Enqueued(holder, job.kind, job.queue, merged))
+            return holder
         if job.dedup_key is None:
             await store.insert(NewJobs.of([job]))
             self._log(job)
@@ -259,14 +266,14 @@ class Queue:
         jobs = [
             self._new_job(t, priority=priority, job_id=i) for t, i in zip(tasks, ids, strict=True)
         ]
-        plain = [j for j in jobs if j.dedup_key is None]
+        plain = [j for j in jobs if j.dedup_key is None and j.unique_key is None]
         await store.insert(NewJobs.of(plain))
         if self.hooks.active:
             for j in plain:
                 self.hooks.enqueued(Enqueued(j.id, j.kind, j.queue))
         ids = []
         for task, job in zip(tasks, jobs, strict=True):
-            if job.dedup_key is None:
+            if job.dedup_key is None and job.unique_key is None:
                 ids.append(job.id)
             else:
                 ids.append(await self._insert(store, task, job))
@@ -397,6 +404,12 @@ class Queue:
         dedup = task.dedup_key()
         if dedup is not None and not isinstance(dedup, DedupKey):
             raise TypeError(f"{kind}.dedup_key() must return a DedupKey or None, got {dedup!r}")
+        unique_for, unique_key = _unique(task, kind)
+        if unique_key is not None and dedup is not None:
+            raise ValueError(
+                f"{kind}: unique_for()/unique_id() and dedup_key() are alternatives (a unique "
+                f"job keeps the first, a deduplicated one merges into it): set one"
+            )
         return NewJob(
             id=job_id if job_id is not None else new_ids(1)[0],
             kind=kind,
@@ -409,6 +422,8 @@ class Queue:
             backoff_base_s=backoff.base if backoff is not None else None,
             backoff_cap_s=backoff.cap if backoff is not None else None,
             dedup_key=dedup.value if dedup is not None else None,
+            unique_key=unique_key,
+            unique_for_s=unique_for,
         )
 
     @staticmethod
@@ -452,3 +467,35 @@ def _expect_dead(job_id: ULID, status: JobStatus | None, done: str) -> None:
             f"job {job_id} is {status.value}, not failed: only failed (dead) jobs can be {done}",
             status.value,
         )
+
+
+def _unique(task: Task[Any], kind: str) -> tuple[float | None, str | None]:
+    """The task's (unique_for in seconds, unique id), both None for a task that is not
+    unique; a ValueError when one is set without the other, or the id cannot be stored."""
+    unique_for, unique_id = task.unique_for(), task.unique_id()
+    if unique_for is None and unique_id is None:
+        return None, None
+    if unique_id is None:
+        raise ValueError(
+            f"{kind}.unique_for() is set but {kind}.unique_id() returned None: a unique job "
+            f"needs the id that makes two jobs the same (define unique_id())"
+        )
+    if unique_for is None:
+        raise ValueError(
+            f"{kind}.unique_id() is set but {kind}.unique_for() returned None: a unique job "
+            f"needs how long it holds its id at most (define unique_for())"
+        )
+    seconds = to_seconds(unique_for, name=f"{kind}.unique_for()", low=1e-3)
+    text = str(unique_id)
+    if "\x00" in text:
+        raise ValueError(f"{kind}.unique_id(): the id holds a NUL character: {text!r:.80}")
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        raise ValueError(f"{kind}.unique_id(): not valid Unicode: {text!r:.80}") from None
+    if size > DEDUP_KEY_MAX_BYTES:
+        raise ValueError(
+            f"{kind}.unique_id(): the id is {size:,} bytes of UTF-8, over the "
+            f"{DEDUP_KEY_MAX_BYTES:,}-byte limit (hash a long identity)"
+        )
+    return seconds, text

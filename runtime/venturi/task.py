@@ -82,6 +82,22 @@ class Task(Generic[C]):
         """Decide what a colliding enqueue does (default: replace the pending payload)."""
         return Merge.replace()
 
+    def unique_for(self) -> Seconds | None:
+        """How long a job of this task holds its `unique_id()` at most (seconds or a
+        timedelta); None (the default): jobs are not unique.
+
+        While a job of this KIND holds the id (it is queued or running, and `unique_for` has
+        not passed since its enqueue), an enqueue of the same id stores nothing and returns
+        the holder's id. The hold ends when the job finishes, or after `unique_for` even if it
+        still waits. Set both methods, or neither.
+        """
+        return None
+
+    def unique_id(self) -> str | None:
+        """What makes two jobs of this KIND the same, for `unique_for()` (any value; compared
+        by its string form, without NUL, at most 2,000 bytes of UTF-8)."""
+        return None
+
 
 def kind_of(task_type: type[Task[Any]]) -> str:
     """Validate a task class and return its KIND, or raise a TypeError/ValueError naming it."""

@@ -23,7 +23,10 @@ WITH target AS (
         status = 'pending',
         run_at = now(),
         finished_at = NULL,
-        failures = 0
+        failures = 0,
+        -- A unique job holds its id again (the index refuses it while another job does).
+        unique_until = CASE WHEN j.unique_key IS NOT NULL
+                            THEN now() + make_interval(secs => j.unique_for_s) END
     FROM target AS t
     WHERE j.id = t.id AND t.status = 'dead'
     RETURNING j.id, j.kind, j.run_count
@@ -38,10 +41,11 @@ SELECT t.status, (SELECT count(*) FROM woken) AS woken FROM target AS t;
 -- failed_retry_batch --
 -- retry_all: one bounded batch of failed jobs (of an optional queue and kind), oldest first,
 -- after the id :after_id (keyset: a job left dead is never looked at twice). Returns how many
--- were retried and the last id looked at (NULL: the batch was empty).
+-- were retried and the last id looked at (NULL: the batch was empty). Unique jobs are left to
+-- failed_unique_ids (each must take its unique id again, which may be held).
 WITH batch AS (
     SELECT id FROM {prefix}_jobs
-    WHERE status = 'dead'
+    WHERE status = 'dead' AND unique_key IS NULL
       AND (:queue::text IS NULL OR queue = :queue)
       AND (:kind::text IS NULL OR kind = :kind)
       AND (:after_id::uuid IS NULL OR id > :after_id)
