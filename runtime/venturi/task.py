@@ -94,8 +94,8 @@ class Task(Generic[C]):
         return None
 
     def unique_id(self) -> str | None:
-        """What makes two jobs of this KIND the same, for `unique_for()` (any value; compared
-        by its string form, without NUL, at most 2,000 bytes of UTF-8)."""
+        """What makes two jobs of this KIND the same, for `unique_for()`: a str without NUL,
+        at most 2,000 bytes of UTF-8 (hash a longer identity)."""
         return None
 
 

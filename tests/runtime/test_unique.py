@@ -53,8 +53,8 @@ class Other(Task):
     def unique_for(self) -> float:
         return 600
 
-    def unique_id(self) -> int:
-        return self.shop
+    def unique_id(self) -> str:
+        return str(self.shop)
 
 
 async def rows(store: PostgresStore, kind: str = "sync_stock") -> list[asyncpg.Record]:
