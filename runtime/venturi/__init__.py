@@ -10,6 +10,7 @@ from venturi.encryption import KeyRing, SealedCodec
 from venturi.errors import (
     AttachmentTooLarge,
     DuplicateKindError,
+    JobStateError,
     PayloadError,
     SchemaError,
     StoreClosedError,
@@ -19,6 +20,7 @@ from venturi.hooks import Hooks
 from venturi.identity import WorkerIdentity
 from venturi.jobs import (
     CleanupCriteria,
+    FailedJob,
     Job,
     JobFilter,
     JobStatus,
@@ -46,9 +48,11 @@ __all__ = [
     "Context",
     "DedupKey",
     "DuplicateKindError",
+    "FailedJob",
     "Hooks",
     "Job",
     "JobFilter",
+    "JobStateError",
     "JobStatus",
     "JournalEntry",
     "JournalOutcome",

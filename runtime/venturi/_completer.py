@@ -26,7 +26,7 @@ from venturi import logs
 from venturi._db.failures import describe, is_database_failure, is_refused_data
 from venturi._outage import Outage, next_delay
 from venturi._records import Settlement
-from venturi.postgres import PostgresStore
+from venturi.postgres import DEFAULT_HOOK_LEASE_S, PostgresStore
 
 logger = logging.getLogger(__name__)
 
@@ -58,8 +58,10 @@ class Completer:
         outage: Outage | None = None,
         on_settled: Callable[[Settlement, bool], None] | None = None,
         flush_delay: float = FLUSH_DELAY,
+        hook_lease_s: float = DEFAULT_HOOK_LEASE_S,
     ) -> None:
         self._store = store
+        self._hook_lease_s = hook_lease_s
         self._worker = worker
         self._outage = outage or Outage(worker)
         self._on_settled = on_settled
@@ -195,7 +197,9 @@ class Completer:
         attempts_while_closing = 0
         while True:
             try:
-                owned = await self._store.settle(batch, worker=self._worker)
+                owned = await self._store.settle(
+                    batch, worker=self._worker, hook_lease_s=self._hook_lease_s
+                )
             except Exception as exc:
                 if is_refused_data(exc):
                     raise _Refused(exc) from exc

@@ -17,6 +17,7 @@ import asyncio
 import functools
 import logging
 import time
+import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
@@ -74,7 +75,7 @@ async def execute(
     except (msgspec.ValidationError, msgspec.DecodeError, TypeError, ValueError) as exc:
         note = f"undecodable payload for kind {job.kind!r}: {exc}"
         logger.error("job %s (%s) dead: %s", job.id, job.kind, note, extra=log_extra)
-        return Settlement.of(job, "dead", note=note, duration_s=0.0)
+        return Settlement.of(job, "dead", note=note, duration_s=0.0, hook_token=uuid.uuid4())
 
     ctx: Context[Any] = Context(
         job_id=ULID.from_bytes(job.id.bytes),
@@ -185,6 +186,7 @@ def _failure(
         job,
         policy,
         message,
+        error=exc,
         permanent=permanent,
         carry=carry_json,
         set_carry=carry_json is not None,
@@ -201,16 +203,25 @@ def _unrecordable(job: ClaimedJob, policy: Policy, duration_s: float, reason: st
 
 
 def _failed(
-    job: ClaimedJob, policy: Policy, message: str, *, permanent: bool, **common: Any
+    job: ClaimedJob,
+    policy: Policy,
+    message: str,
+    *,
+    permanent: bool,
+    error: BaseException | None = None,
+    **common: Any,
 ) -> Settlement:
-    """A failed execution: dead when permanent or at the backstop, else retried with backoff."""
+    """A failed execution: dead when permanent or at the backstop, else retried with backoff.
+    A dead one carries its failure step's token and the exception (see `_undertaker`)."""
     failures = job.failures + 1
     log_extra = logs.job_fields(job.id, job.kind, job.queue, job.run_count)
     if permanent or (policy.backstop is not None and failures >= policy.backstop):
         if not permanent:
             message = f"backstop reached after {failures} failed executions; last: {message}"
         logger.warning("job %s (%s) dead: %s", job.id, job.kind, message, extra=log_extra)
-        return Settlement.of(job, "dead", note=message, **common)
+        return Settlement.of(
+            job, "dead", note=message, hook_token=uuid.uuid4(), error=error, **common
+        )
     delay = retry_delay(job_backoff(job, policy), failures, job.id.bytes, policy.jitter_fraction)
     logger.info(
         "job %s (%s) failed (%d), retry in %.3fs: %s",

@@ -32,6 +32,9 @@ class NewJob:
     backoff_base_s: float | None = None
     backoff_cap_s: float | None = None
     dedup_key: str | None = None
+    unique_key: str | None = None
+    """The task's unique id (jobs of one KIND holding it exclude each other)."""
+    unique_for_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -163,6 +166,11 @@ class Settlement:
     unrecordable: Callable[[str], Settlement] | None = None
     """What to write instead if the database refuses this settlement's data: a failed
     execution with the given reason (built by the executor, which knows the job's policy)."""
+    hook_token: uuid.UUID | None = None
+    """For a dead outcome: the token of its failure step (the task's `failed` hook and the
+    reporters), recorded with the outcome and run once (see `_undertaker`)."""
+    error: BaseException | None = None
+    """For a dead outcome: the exception that ended the job, if one was raised."""
 
     @classmethod
     def of(cls, job: ClaimedJob, outcome: SettledAs, **fields: Any) -> Settlement:
@@ -195,6 +203,8 @@ class Recovery:
     dead: bool
     delay_s: float
     note: str
+    hook_token: uuid.UUID | None = None
+    """For a dead job: the token of its failure step (see `Settlement.hook_token`)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,6 +217,8 @@ class Recovered:
     run: int
     status: JobStatus
     note: str | None
+    hook_token: uuid.UUID | None = None
+    """For a job made dead: its failure step, leased to the worker that recovered it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,3 +242,20 @@ class MergePlan:
     set_carry: bool = False
     carry: str | None = None
     priority: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DueHook:
+    """The failure step of a dead job, taken (leased) by this worker under `token`."""
+
+    id: uuid.UUID
+    token: uuid.UUID
+    kind: str
+    queue: str
+    payload: str
+    carry: str | None
+    run_count: int
+    failures: int
+    last_error: str | None
+    failed_at: datetime
+    history: tuple[JournalEntry, ...]

@@ -22,21 +22,25 @@ import asyncio
 import contextlib
 import logging
 import math
+import uuid
+from collections.abc import Callable
 
 from venturi import logs
 from venturi._db.failures import is_database_failure
 from venturi._executor import Policy, job_backoff
 from venturi._hooks import HookSet
 from venturi._outage import Outage, next_delay
-from venturi._records import Recovery, StaleJob
+from venturi._records import Recovered, Recovery, StaleJob
 from venturi.backoff import retry_delay
 from venturi.hooks import Dead
 from venturi.hooks import Recovered as RecoveredEvent
 from venturi.jobs import JobStatus
-from venturi.postgres import PostgresStore
+from venturi.postgres import DEFAULT_HOOK_LEASE_S, PostgresStore
 
 logger = logging.getLogger(__name__)
 
+LAST_ATTEMPT = "the worker stopped during the last attempt"
+"""How a job whose worker died during its last attempt fails for good."""
 EXPIRY_SLACK = 0.05
 """Seconds past the earliest expiry before looking, so the lease is surely over."""
 
@@ -48,9 +52,8 @@ def decide_recoveries(stale: list[StaleJob], policy: Policy) -> list[Recovery]:
         failures = job.failures + 1
         held = f"lease expired while held by {job.claimed_by or 'an unknown worker'}"
         if policy.backstop is not None and failures >= policy.backstop:
-            decisions.append(
-                Recovery(job.id, True, 0.0, f"{held}; backstop reached after {failures} failures")
-            )
+            note = f"{LAST_ATTEMPT} ({held}; backstop reached after {failures} failures)"
+            decisions.append(Recovery(job.id, True, 0.0, note, hook_token=uuid.uuid4()))
         else:
             delay = retry_delay(
                 job_backoff(job, policy), failures, job.id.bytes, policy.jitter_fraction
@@ -70,8 +73,14 @@ class Rescuer:
         poll_max: float,
         hooks: HookSet,
         outage: Outage | None = None,
+        hook_lease_s: float = DEFAULT_HOOK_LEASE_S,
+        on_dead: Callable[[Recovered], None] | None = None,
     ):
         self._hooks = hooks
+        self._hook_lease_s = hook_lease_s
+        self._on_dead = on_dead
+        """Called for each job this rescuer made dead, once that is committed (its failure
+        step is leased to this worker)."""
         self._store = store
         self._policy = policy
         self._queues = queues
@@ -131,8 +140,11 @@ class Rescuer:
                 lambda stale: decide_recoveries(stale, self._policy),
                 queues=self._queues,
                 worker=self._worker,
+                hook_lease_s=self._hook_lease_s,
             )
             for r in recovered:
+                if r.status is JobStatus.DEAD and self._on_dead is not None:
+                    self._on_dead(r)
                 logger.warning(
                     "job %s (%s) recovered after its lease expired: now %s",
                     r.id,

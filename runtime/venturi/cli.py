@@ -6,6 +6,7 @@
     venturi jobs [--status S] [--kind K]     list jobs, newest first
     venturi journal JOB_ID                   one job's journal
     venturi cleanup --older-than 7d          delete finished jobs (and their journal)
+    venturi failed list|retry|retry-all|forget|flush   the jobs that failed for good
     venturi demo                             the demo (an embedded database without --dsn)
     venturi dashboard [--port 8080]          the web dashboard, on 127.0.0.1
 
@@ -45,8 +46,8 @@ from venturi._dsn import secret_pieces
 from venturi._settings import check_queue_name
 from venturi.embedded import EmbeddedPostgresError
 from venturi.encryption import KEYS_ENV, KeyRing, SealedCodec, new_key
-from venturi.errors import SchemaError
-from venturi.jobs import CleanupCriteria, Job, JobFilter, JobStatus, JournalEntry, Stats
+from venturi.errors import JobStateError, SchemaError
+from venturi.jobs import CleanupCriteria, FailedJob, Job, JobFilter, JobStatus, JournalEntry, Stats
 from venturi.postgres import DEFAULT_PREFIX, PostgresStore
 from venturi.queue import Queue
 from venturi.worker import Worker
@@ -184,6 +185,24 @@ def _parser() -> argparse.ArgumentParser:
     new_task.add_argument(
         "--root", type=Path, default=Path("."), help="project directory (default: here)"
     )
+    failed = sub.add_parser("failed", help="the jobs that failed for good (status dead)")
+    action = failed.add_subparsers(dest="action", required=True)
+    listing = action.add_parser("list", parents=[common], help="failed jobs, newest first")
+    listing.add_argument("--queue")
+    listing.add_argument("--kind")
+    listing.add_argument("--limit", type=positive_int, default=50)
+    listing.add_argument("--before", help="job id: list jobs older than this one (paging)")
+    retry = action.add_parser("retry", parents=[common], help="put failed jobs back in their queue")
+    retry.add_argument("job_ids", nargs="+", metavar="JOB_ID")
+    retry_all = action.add_parser("retry-all", parents=[common], help="retry every failed job")
+    retry_all.add_argument("--queue")
+    retry_all.add_argument("--kind")
+    forget = action.add_parser("forget", parents=[common], help="delete failed jobs")
+    forget.add_argument("job_ids", nargs="+", metavar="JOB_ID")
+    flush = action.add_parser("flush", parents=[common], help="delete every failed job")
+    flush.add_argument("--queue")
+    flush.add_argument("--kind")
+    flush.add_argument("--older-than", type=parse_duration, help="failed at least this long ago")
 
     demo = sub.add_parser("demo", parents=[common], help="run the demo (embedded DB without --dsn)")
     demo.add_argument("--jobs", type=positive_int, default=3000)
@@ -297,6 +316,8 @@ async def _run(args: argparse.Namespace) -> int:
             await _cleanup(args, store)
         elif args.command == "dashboard":
             await _dashboard(args, store)
+        elif args.command == "failed":
+            await _failed(args, queue)
     return 0
 
 
@@ -324,6 +345,72 @@ async def _dashboard(args: argparse.Namespace, store: PostgresStore) -> None:
             file=sys.stderr,
         )
     await _serve.serve(app(store, allow_local=True, read_only=args.read_only), sock, shutdown)
+
+
+async def _failed(args: argparse.Namespace, queue: Queue) -> None:
+    try:
+        if args.action == "list":
+            found = await queue.failed(
+                queue=args.queue,
+                kind=args.kind,
+                limit=args.limit,
+                before_id=_ulid(args.before) if args.before else None,
+            )
+            _out(args, [_failed_json(f) for f in found], _failed_text(found))
+        elif args.action in ("retry", "forget"):
+            ids = [_ulid(text) for text in args.job_ids]  # all checked before any is changed
+            act = queue.retry if args.action == "retry" else queue.forget
+            for job_id in ids:
+                await act(job_id)
+            done = "retried" if args.action == "retry" else "forgotten"
+            _out(args, {done: [str(i) for i in ids]}, f"{done} {len(ids)} failed jobs")
+        elif args.action == "retry-all":
+            n = await queue.retry_all(queue=args.queue, kind=args.kind)
+            _out(args, {"retried": n}, f"retried {n:,} failed jobs")
+        else:
+            before = None
+            if args.older_than is not None:
+                try:
+                    before = datetime.now(UTC) - args.older_than
+                except OverflowError:
+                    raise UsageError("--older-than reaches back before the year 1") from None
+            n = await queue.flush(queue=args.queue, kind=args.kind, before=before)
+            _out(args, {"deleted": n}, f"deleted {n:,} failed jobs")
+    except JobStateError as exc:
+        raise UsageError(f"failed {args.action}: {exc}") from None
+    except ValueError as exc:
+        raise UsageError(f"failed {args.action}: {exc}") from None
+
+
+def _failed_json(f: FailedJob) -> dict[str, Any]:
+    return {
+        "id": str(f.id),
+        "queue": f.queue,
+        "kind": f.kind,
+        "failed_at": f.failed_at.isoformat(),
+        "run_count": f.run_count,
+        "failures": f.failures,
+        "error": f.error,
+        "payload": f.payload,
+    }
+
+
+def _failed_text(found: list[FailedJob]) -> str:
+    if not found:
+        return "no failed jobs"
+    rows = [("ID", "QUEUE", "KIND", "FAILED AT", "RUNS", "ERROR")]
+    for f in found:
+        rows.append(
+            (
+                str(f.id),
+                f.queue,
+                f.kind,
+                f.failed_at.strftime("%Y-%m-%d %H:%M:%S"),
+                str(f.run_count),
+                (f.error or "")[:80],
+            )
+        )
+    return _table(rows)
 
 
 async def _worker(args: argparse.Namespace, store: PostgresStore) -> None:

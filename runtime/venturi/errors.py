@@ -4,6 +4,8 @@
     ├── PayloadError          (also a ValueError) a task's payload cannot be encoded
     ├── AttachmentTooLarge    (also a ValueError) ctx.attach() got more than the cap
     ├── DuplicateKindError    (also a ValueError) two task types registered under one KIND
+    ├── JobStateError         (also a ValueError) the job is not in a state the call acts on
+    ├── JobFailedError        given to failure hooks and reporters when the exception is gone
     ├── SchemaError           the tables are missing, or their schema is not this release's
     └── StoreClosedError      the store was closed; create a new one
 
@@ -28,6 +30,22 @@ class AttachmentTooLarge(VenturiError, ValueError):
 
 class DuplicateKindError(VenturiError, ValueError):
     """Two different task types were registered under the same KIND."""
+
+
+class JobStateError(VenturiError, ValueError):
+    """The job is missing, or not in a state the call acts on (retrying a job that has not
+    failed, say); `status` is the job's status, a `JobStatus` (None: there is no such job)."""
+
+    def __init__(self, message: str, status: str | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+class JobFailedError(VenturiError):
+    """The `error` a task's `failed` hook and the worker's reporters receive when the
+    exception that ended the job is not at hand: its worker died during the last attempt, or
+    died before running the hook (another worker runs it), or the payload did not decode. The
+    message is the job's recorded error."""
 
 
 class SchemaError(VenturiError):

@@ -35,7 +35,8 @@ class Enqueued:
     kind: str
     queue: str
     merged: str | None = None
-    """For a dedup collision, the merge decision ("keep", "replace", "with"); else None."""
+    """For a dedup collision, the merge decision ("keep", "replace", "with"); "unique" for an
+    enqueue that found its unique id held (`id` is the holder's); else None."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -41,6 +41,8 @@ class JournalOutcome(enum.StrEnum):
     STALE_RECOVERED = "stale_recovered"
     """The lease expired (the worker died or hung); counted as a failed execution."""
     MERGED = "merged"
+    RETRIED = "retried"
+    """A failed (dead) job put back in its queue by hand (`Queue.retry`, `retry_all`)."""
 
 
 _FAILURES = frozenset({JournalOutcome.FAILED, JournalOutcome.DEAD, JournalOutcome.STALE_RECOVERED})
@@ -90,6 +92,22 @@ class Job:
     claimed_by: str | None
     claimed_pod: str | None
     last_error: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class FailedJob:
+    """A job that failed for good (status dead), as `Queue.failed()` lists it."""
+
+    id: ULID
+    queue: str
+    kind: str
+    payload: Any
+    """The decoded JSON payload, as it was enqueued."""
+    error: str | None
+    """Why it failed: the last failed execution's note."""
+    failed_at: datetime
+    run_count: int
+    failures: int
 
 
 @dataclass(frozen=True, slots=True)

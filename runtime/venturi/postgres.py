@@ -33,6 +33,7 @@ from venturi._db.run import CallersConnection, Pooled, Runner, detached, release
 from venturi._db.run import Connection as Connection  # the caller's: see `using`
 from venturi._records import (
     ClaimedJob,
+    DueHook,
     ExistingJob,
     MergePlan,
     NewJob,
@@ -43,9 +44,10 @@ from venturi._records import (
     StaleJob,
 )
 from venturi.codec import DEFAULT_CODEC, Codec
-from venturi.errors import SchemaError, StoreClosedError
+from venturi.errors import JobStateError, SchemaError, StoreClosedError
 from venturi.jobs import (
     CleanupCriteria,
+    FailedJob,
     Job,
     JobFilter,
     JobStatus,
@@ -55,6 +57,9 @@ from venturi.jobs import (
 )
 
 DEFAULT_PREFIX = "venturi"
+DEFAULT_HOOK_LEASE_S = 15 * 60.0
+"""Seconds a dead job's failure step is leased to the worker that made it dead (the worker's
+lease, when it passes one)."""
 
 SSLMode = Literal["disable", "prefer", "allow", "require", "verify-ca", "verify-full"]
 
@@ -481,6 +486,49 @@ class PostgresStore:
             await tx.execute(stmt, **values)
             return job.id
 
+    @_schema_required
+    async def insert_unique(self, job: NewJob) -> ULID:
+        """Insert `job` holding its unique id, unless a job of its kind holds it: then store
+        nothing and return the holder's id (a holder whose time is up is detached first).
+
+        Race-free through the unique index: of concurrent producers of one id, one inserts and
+        the others wait for its commit and get its id. On the caller's connection this runs
+        under a savepoint, so not even a serialization failure (REPEATABLE READ, a holder the
+        snapshot cannot see) aborts the caller's transaction.
+        """
+        assert job.unique_key is not None
+        assert job.unique_for_s is not None
+        q = self._q
+        values = {
+            "id": job.id,
+            "kind": job.kind,
+            "queue": job.queue,
+            "priority": job.priority,
+            "run_at": job.run_at,
+            "delay_s": job.delay_s,
+            "payload": job.payload,
+            "lease_s": job.lease_s,
+            "backoff_base_s": job.backoff_base_s,
+            "backoff_cap_s": job.backoff_cap_s,
+            "unique_key": job.unique_key,
+            "unique_for_s": job.unique_for_s,
+            "channel": self.channel,
+        }
+        for _ in range(10):  # another round only if the holder finished in between
+            # Two statements, each committing on its own on the pool (no transaction needed:
+            # the insert never fails on a collision); the caller's under a savepoint.
+            async with (
+                self._run.transaction() if self._conn is not None else _just(self._run)
+            ) as run:
+                if await run.fetch(q["job_insert_unique"], **values):
+                    return job.id
+                holder = await run.fetchval(
+                    q["job_unique_holder"], kind=job.kind, unique_key=job.unique_key
+                )
+            if holder is not None:
+                return ULID.from_bytes(holder.bytes)
+        raise RuntimeError(f"unique id {job.unique_key!r} of {job.kind}: no holder, no insert")
+
     # -- consuming -------------------------------------------------------------------
 
     async def claim(
@@ -537,8 +585,15 @@ class PostgresStore:
             for r in rows
         ]
 
-    async def settle(self, settlements: Sequence[Settlement], *, worker: str) -> set[uuid.UUID]:
-        """Write outcomes and journal rows; returns the ids this worker still owned."""
+    async def settle(
+        self,
+        settlements: Sequence[Settlement],
+        *,
+        worker: str,
+        hook_lease_s: float = DEFAULT_HOOK_LEASE_S,
+    ) -> set[uuid.UUID]:
+        """Write outcomes and journal rows; returns the ids this worker still owned. A dead
+        outcome's failure step is leased to this worker for `hook_lease_s`."""
         rows = await self._run.fetch(
             self._q["job_settle_many"],
             ids=[s.id for s in settlements],
@@ -550,6 +605,8 @@ class PostgresStore:
             notes=[s.note for s in settlements],
             attachments=[s.attachment for s in settlements],
             durations_s=[s.duration_s for s in settlements],
+            hook_tokens=_column([s.hook_token for s in settlements]),
+            hook_lease_s=hook_lease_s,
             worker=worker,
             channel=self.channel,
         )
@@ -586,6 +643,7 @@ class PostgresStore:
         queues: Sequence[str],
         worker: str,
         limit: int = 500,
+        hook_lease_s: float = DEFAULT_HOOK_LEASE_S,
     ) -> list[Recovered]:
         """Recover jobs of `queues` whose lease expired: lock them, let `decide` (pure)
         choose, write. Returns what became of each recovered job.
@@ -615,6 +673,8 @@ class PostgresStore:
                 dead=[d.dead for d in decisions],
                 delay_s=[d.delay_s for d in decisions],
                 notes=[d.note for d in decisions],
+                hook_tokens=_column([d.hook_token for d in decisions]),
+                hook_lease_s=hook_lease_s,
                 worker=worker,
                 channel=self.channel,
             )
@@ -626,9 +686,51 @@ class PostgresStore:
                 run=r["run_count"],
                 status=JobStatus(r["status"]),
                 note=r["note"],
+                hook_token=r["hook_token"],
             )
             for r in recovered
         ]
+
+    # -- failure steps (failure_hooks.sql) ---------------------------------------------
+
+    async def take_hooks(
+        self, ids: Sequence[uuid.UUID], tokens: Sequence[uuid.UUID], *, lease_s: float
+    ) -> list[DueHook]:
+        """Extend the leases of failure steps this worker holds and read them; a step
+        missing from the result is no longer this worker's to run."""
+        rows = await self._run.fetch(
+            self._q["hook_take"], ids=list(ids), tokens=list(tokens), lease_s=lease_s
+        )
+        return [_due_hook(r) for r in rows]
+
+    async def take_expired_hooks(
+        self, *, queues: Sequence[str], kinds: Sequence[str], lease_s: float, limit: int = 100
+    ) -> list[DueHook]:
+        """Take failure steps whose lease ended (their worker died first), under new tokens."""
+        rows = await self._run.fetch(
+            self._q["hook_take_expired"],
+            queues=list(queues),
+            kinds=list(kinds),
+            lease_s=lease_s,
+            limit=limit,
+        )
+        return [_due_hook(r) for r in rows]
+
+    async def finish_hooks(self, ids: Sequence[uuid.UUID], tokens: Sequence[uuid.UUID]) -> None:
+        """Mark failure steps done (guarded by their tokens)."""
+        await self._run.execute(self._q["hook_finish"], ids=list(ids), tokens=list(tokens))
+
+    async def release_hooks(self, ids: Sequence[uuid.UUID], tokens: Sequence[uuid.UUID]) -> None:
+        """End this worker's leases of failure steps it will not run (guarded by tokens)."""
+        await self._run.execute(self._q["hook_release"], ids=list(ids), tokens=list(tokens))
+
+    async def next_hook_expiry(self, queues: Sequence[str], kinds: Sequence[str]) -> float | None:
+        """Seconds until the earliest failure step's lease of `queues` and `kinds` ends
+        (negative: already; None: none is pending)."""
+        value: float | None = await self._run.fetchval(
+            self._q["hook_next_expiry"], queues=list(queues), kinds=list(kinds)
+        )
+        return value
 
     async def next_lease_expiry(self, queues: Sequence[str]) -> float | None:
         """Seconds until the earliest lease in `queues` expires (negative if already
@@ -850,6 +952,147 @@ class PostgresStore:
         rows = await self._run.fetch(self._q["claimed_by_pod"])
         return {r["claimed_pod"]: r["n"] for r in rows}
 
+    # -- failed jobs -----------------------------------------------------------------
+
+    @_schema_required
+    async def list_failed(
+        self,
+        *,
+        queue: str | None,
+        kind: str | None,
+        before_id: ULID | None,
+        limit: int,
+        codec: Codec = DEFAULT_CODEC,
+    ) -> list[FailedJob]:
+        """Failed (dead) jobs, newest first, their payloads decoded by `codec`."""
+        rows = await self._run.fetch(
+            self._q["failed_list"],
+            queue=queue,
+            kind=kind,
+            before_id=None if before_id is None else before_id.to_uuid(),
+            limit=limit,
+        )
+        return [
+            FailedJob(
+                id=ULID.from_bytes(r["id"].bytes),
+                queue=r["queue"],
+                kind=r["kind"],
+                payload=codec.decode_any(r["payload"]),
+                error=r["last_error"],
+                failed_at=r["finished_at"],
+                run_count=r["run_count"],
+                failures=r["failures"],
+            )
+            for r in rows
+        ]
+
+    @_schema_required
+    async def retry_failed(self, job_id: ULID | uuid.UUID, *, note: str) -> JobStatus | None:
+        """Put a dead job back in its queue (see `failed_retry`); returns its status before
+        (None: no such job). Only a dead job is changed. A unique job takes its unique id
+        again: while another job holds it, `JobStateError` names the holder."""
+        q, job = self._q, _as_uuid(job_id)
+        for attempt in range(3):
+            try:
+                # Under a savepoint on the caller's connection: a collision is not theirs.
+                async with self._run.transaction() as tx:
+                    if attempt:  # a holder whose time is up lets go first
+                        await tx.execute(q["job_unique_detach_expired_of"], id=job)
+                    row = await tx.fetchrow(
+                        q["failed_retry"], id=job, note=note, channel=self.channel
+                    )
+                return None if row is None else JobStatus(row["status"])
+            except asyncpg.UniqueViolationError:
+                holder = await self._run.fetchrow(q["job_unique_holder_of"], id=job)
+                if holder is not None and attempt:
+                    raise JobStateError(
+                        f"job {ULID.from_bytes(job.bytes)} cannot be retried now: its unique id "
+                        f"{holder['unique_key']!r} is held by job "
+                        f"{ULID.from_bytes(holder['id'].bytes)}",
+                        JobStatus.DEAD.value,
+                    ) from None
+        raise JobStateError(
+            f"job {ULID.from_bytes(job.bytes)} cannot be retried now: its unique id is in use",
+            JobStatus.DEAD.value,
+        )
+
+    @_schema_required
+    async def retry_all_failed(
+        self, *, queue: str | None, kind: str | None, note: str, batch_size: int = 500
+    ) -> int:
+        """Retry every dead job of `queue` and `kind` (None: any), in bounded batches."""
+        total = 0
+        after: uuid.UUID | None = None
+        while True:
+            row = await self._run.fetchrow(
+                self._q["failed_retry_batch"],
+                queue=queue,
+                kind=kind,
+                after_id=after,
+                limit=batch_size,
+                note=note,
+                channel=self.channel,
+            )
+            assert row is not None
+            total += int(row["retried"])
+            if row["last_id"] is None:
+                break
+            after = row["last_id"]
+        after = None
+        while True:  # unique jobs, one by one: each takes its unique id again, if it is free
+            rows = await self._run.fetch(
+                self._q["failed_unique_ids"],
+                queue=queue,
+                kind=kind,
+                after_id=after,
+                limit=batch_size,
+            )
+            for r in rows:
+                try:
+                    if await self.retry_failed(r["id"], note=note) is JobStatus.DEAD:
+                        total += 1
+                except JobStateError:
+                    pass  # its unique id is held by another job: it stays failed
+            if len(rows) < batch_size:
+                return total
+            after = rows[-1]["id"]
+
+    @_schema_required
+    async def forget_failed(self, job_id: ULID | uuid.UUID) -> JobStatus | None:
+        """Delete a dead job and its journal; returns its status (None: no such job). A job
+        that is not dead is left alone."""
+        row = await self._run.fetchrow(self._q["failed_forget"], id=_as_uuid(job_id))
+        return None if row is None else JobStatus(row["status"])
+
+    @_schema_required
+    async def flush_failed(
+        self,
+        *,
+        queue: str | None,
+        kind: str | None,
+        before: datetime | None,
+        batch_size: int = 1000,
+    ) -> int:
+        """Delete dead jobs (and their journal) in bounded batches; returns how many."""
+        total = 0
+        while True:
+            n: int = await self._run.fetchval(
+                self._q["failed_flush_batch"],
+                queue=queue,
+                kind=kind,
+                before=before,
+                limit=batch_size,
+            )
+            total += n
+            if n < batch_size:
+                return total
+
+    @_schema_required
+    async def outstanding(self) -> int:
+        """Jobs waiting (due now or later) or running, from the trigger-kept counts."""
+        n: int = await self._run.fetchval(self._q["jobs_outstanding"])
+        return n
+
 
 def _job(row: asyncpg.Record, codec: Codec) -> Job:
     carry = row["carry"]
@@ -871,6 +1114,22 @@ def _job(row: asyncpg.Record, codec: Codec) -> Job:
         claimed_by=row["claimed_by"],
         claimed_pod=row["claimed_pod"],
         last_error=row["last_error"],
+    )
+
+
+def _due_hook(r: asyncpg.Record) -> DueHook:
+    return DueHook(
+        id=r["id"],
+        token=r["hook_token"],
+        kind=r["kind"],
+        queue=r["queue"],
+        payload=r["payload"],
+        carry=r["carry"],
+        run_count=r["run_count"],
+        failures=r["failures"],
+        last_error=r["last_error"],
+        failed_at=r["finished_at"],
+        history=_history(r["history"]),
     )
 
 
@@ -926,6 +1185,12 @@ class Listening:
     def abort(self) -> None:
         """Drop the connection at once (after a failed probe)."""
         self._conn.terminate()
+
+
+@asynccontextmanager
+async def _just(run: Runner) -> AsyncIterator[Runner]:
+    """`run` itself, as a context manager (where no transaction is wanted)."""
+    yield run
 
 
 def _as_uuid(job_id: ULID | uuid.UUID) -> uuid.UUID:

@@ -28,12 +28,20 @@ from venturi._settings import DEFAULT_QUEUE, check_lease, check_queue_name
 from venturi.backoff import MAX_DELAY, Backoff, Seconds, to_seconds
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.encryption import SealedCodec
-from venturi.errors import PayloadError
+from venturi.errors import JobStateError, PayloadError
 from venturi.hooks import Enqueued, Hooks
-from venturi.jobs import CleanupCriteria, Job, JobFilter, JobStatus, JournalEntry, Stats
-from venturi.merge import DedupKey, Merge, MergeAction, Pending
+from venturi.jobs import (
+    CleanupCriteria,
+    FailedJob,
+    Job,
+    JobFilter,
+    JobStatus,
+    JournalEntry,
+    Stats,
+)
+from venturi.merge import DEDUP_KEY_MAX_BYTES, DedupKey, Merge, MergeAction, Pending
 from venturi.postgres import Connection, PostgresStore
-from venturi.task import Priority, Task, carry_type_of, kind_of
+from venturi.task import KIND_PATTERN, Priority, Task, carry_type_of, kind_of
 
 logger = logging.getLogger(__name__)
 
@@ -42,7 +50,7 @@ _KINDS: dict[type[Any], str] = {}
 _NO_POLICY: dict[type[Any], bool] = {}
 """Per task class: True when it overrides none of the enqueue-time policy hooks, so the
 bulk path can skip calling them per job."""
-_HOOKS = ("priority", "lease", "backoff", "dedup_key")
+_HOOKS = ("priority", "lease", "backoff", "dedup_key", "unique_for", "unique_id")
 _NORMAL = int(Priority.NORMAL)
 
 
@@ -129,6 +137,13 @@ class Queue:
         return self.store.using(conn, autocommit=autocommit)
 
     async def _insert(self, store: PostgresStore, task: Task[Any], job: NewJob) -> ULID:
+        if job.unique_key is not None:
+            holder = await store.insert_unique(job)
+            self._log(job)
+            if self.hooks.active:
+                merged = None if holder == job.id else "unique"
+                self.hooks.enqueued(Enqueued(holder, job.kind, job.queue, merged))
+            return holder
         if job.dedup_key is None:
             await store.insert(NewJobs.of([job]))
             self._log(job)
@@ -260,14 +275,14 @@ class Queue:
         jobs = [
             self._new_job(t, priority=priority, job_id=i) for t, i in zip(tasks, ids, strict=True)
         ]
-        plain = [j for j in jobs if j.dedup_key is None]
+        plain = [j for j in jobs if j.dedup_key is None and j.unique_key is None]
         await store.insert(NewJobs.of(plain))
         if self.hooks.active:
             for j in plain:
                 self.hooks.enqueued(Enqueued(j.id, j.kind, j.queue))
         ids = []
         for task, job in zip(tasks, jobs, strict=True):
-            if job.dedup_key is None:
+            if job.dedup_key is None and job.unique_key is None:
                 ids.append(job.id)
             else:
                 ids.append(await self._insert(store, task, job))
@@ -335,6 +350,69 @@ class Queue:
         age."""
         return await self.store.stats()
 
+    # -- failed jobs -----------------------------------------------------------------
+
+    async def failed(
+        self,
+        *,
+        queue: str | None = None,
+        kind: str | type[Task[Any]] | None = None,
+        before_id: ULID | None = None,
+        limit: int = 100,
+    ) -> list[FailedJob]:
+        """Jobs that failed for good (status dead), of `queue` and `kind` (None: any), newest
+        first, at most `limit` (1..10000); page with `before_id`, the last id of a page."""
+        if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
+            raise ValueError(f"failed(limit=): expected an int from 1 to 10000, got {limit!r}")
+        return await self.store.list_failed(
+            queue=_queue_filter(queue),
+            kind=_kind_filter(kind),
+            before_id=before_id,
+            limit=limit,
+            codec=self.codec,
+        )
+
+    async def retry(self, job_id: ULID) -> None:
+        """Put a failed job back in its queue, eligible now, with a fresh failure count (so
+        it gets every attempt again); its journal is kept and gains a `retried` entry, and a
+        worker of its queue is woken. A job that is missing or has not failed is a
+        `JobStateError` naming its status, and nothing changes."""
+        before = await self.store.retry_failed(job_id, note=RETRY_NOTE)
+        _expect_dead(job_id, before, "retried")
+
+    async def retry_all(
+        self, *, kind: str | type[Task[Any]] | None = None, queue: str | None = None
+    ) -> int:
+        """Retry every failed job of `kind` and `queue` (None: any), as `retry` does; returns
+        how many. Works in bounded batches, each its own short transaction."""
+        return await self.store.retry_all_failed(
+            queue=_queue_filter(queue), kind=_kind_filter(kind), note=RETRY_NOTE
+        )
+
+    async def forget(self, job_id: ULID) -> None:
+        """Delete one failed job and its journal. A job that is missing or has not failed is a
+        `JobStateError` naming its status, and nothing is deleted."""
+        _expect_dead(job_id, await self.store.forget_failed(job_id), "forgotten")
+
+    async def flush(
+        self,
+        *,
+        kind: str | type[Task[Any]] | None = None,
+        queue: str | None = None,
+        before: datetime | None = None,
+    ) -> int:
+        """Delete the failed jobs of `kind` and `queue` (None: any) that failed before
+        `before` (timezone-aware; None: all), with their journal; returns how many."""
+        if before is not None and (not isinstance(before, datetime) or before.tzinfo is None):
+            raise ValueError(f"flush(before=): expected a timezone-aware datetime, got {before!r}")
+        return await self.store.flush_failed(
+            queue=_queue_filter(queue), kind=_kind_filter(kind), before=before
+        )
+
+    async def pending(self) -> int:
+        """Jobs waiting (due now or later) or running, in every queue of this store."""
+        return await self.store.outstanding()
+
     async def claimed_by_pod(self) -> dict[str, int]:
         """Claimed jobs per pod name (the worker's `WorkerIdentity.pod`), busy pods only; jobs
         claimed outside Kubernetes are not counted. The operator spares busy pods with it."""
@@ -368,6 +446,12 @@ class Queue:
         dedup = task.dedup_key()
         if dedup is not None and not isinstance(dedup, DedupKey):
             raise TypeError(f"{kind}.dedup_key() must return a DedupKey or None, got {dedup!r}")
+        unique_for, unique_key = _unique(task, kind)
+        if unique_key is not None and dedup is not None:
+            raise ValueError(
+                f"{kind}: unique_for()/unique_id() and dedup_key() are alternatives (a unique "
+                f"job keeps the first, a deduplicated one merges into it): set one"
+            )
         return NewJob(
             id=job_id,
             kind=kind,
@@ -380,6 +464,8 @@ class Queue:
             backoff_base_s=backoff.base if backoff is not None else None,
             backoff_cap_s=backoff.cap if backoff is not None else None,
             dedup_key=dedup.value if dedup is not None else None,
+            unique_key=unique_key,
+            unique_for_s=unique_for,
         )
 
     @staticmethod
@@ -392,3 +478,66 @@ class Queue:
             job.kind,
             extra={"job_id": str(job.id), "kind": job.kind},
         )
+
+
+RETRY_NOTE = "retried by hand"
+"""The note of the `retried` journal entry `Queue.retry` and `retry_all` write."""
+
+
+def _queue_filter(queue: str | None) -> str | None:
+    return None if queue is None else check_queue_name(queue)
+
+
+def _kind_filter(kind: str | type[Task[Any]] | None) -> str | None:
+    if kind is None:
+        return None
+    if isinstance(kind, type):
+        return _kind(kind)
+    if not isinstance(kind, str) or not KIND_PATTERN.fullmatch(kind):
+        raise ValueError(
+            f"kind: invalid KIND {kind!r:.80}: expected 1-200 characters, letters, digits and "
+            f"_ . : / -, starting with a letter or digit (or a Task class)"
+        )
+    return kind
+
+
+def _expect_dead(job_id: ULID, status: JobStatus | None, done: str) -> None:
+    if status is None:
+        raise JobStateError(f"no job {job_id}: nothing {done}")
+    if status is not JobStatus.DEAD:
+        raise JobStateError(
+            f"job {job_id} is {status.value}, not failed: only failed (dead) jobs can be {done}",
+            status.value,
+        )
+
+
+def _unique(task: Task[Any], kind: str) -> tuple[float | None, str | None]:
+    """The task's (unique_for in seconds, unique id), both None for a task that is not
+    unique; a ValueError when one is set without the other, or the id cannot be stored."""
+    unique_for, unique_id = task.unique_for(), task.unique_id()
+    if unique_for is None and unique_id is None:
+        return None, None
+    if unique_id is None:
+        raise ValueError(
+            f"{kind}.unique_for() is set but {kind}.unique_id() returned None: a unique job "
+            f"needs the id that makes two jobs the same (define unique_id())"
+        )
+    if unique_for is None:
+        raise ValueError(
+            f"{kind}.unique_id() is set but {kind}.unique_for() returned None: a unique job "
+            f"needs how long it holds its id at most (define unique_for())"
+        )
+    seconds = to_seconds(unique_for, name=f"{kind}.unique_for()", low=1e-3)
+    text = str(unique_id)
+    if "\x00" in text:
+        raise ValueError(f"{kind}.unique_id(): the id holds a NUL character: {text!r:.80}")
+    try:
+        size = len(text.encode())
+    except UnicodeEncodeError:
+        raise ValueError(f"{kind}.unique_id(): not valid Unicode: {text!r:.80}") from None
+    if size > DEDUP_KEY_MAX_BYTES:
+        raise ValueError(
+            f"{kind}.unique_id(): the id is {size:,} bytes of UTF-8, over the "
+            f"{DEDUP_KEY_MAX_BYTES:,}-byte limit (hash a long identity)"
+        )
+    return seconds, text

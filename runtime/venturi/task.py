@@ -91,6 +91,22 @@ class Task(Generic[C]):
         """Decide what a colliding enqueue does (default: replace the pending payload)."""
         return Merge.replace()
 
+    def unique_for(self) -> Seconds | None:
+        """How long a job of this task holds its `unique_id()` at most (seconds or a
+        timedelta); None (the default): jobs are not unique.
+
+        While a job of this KIND holds the id (it is queued or running, and `unique_for` has
+        not passed since its enqueue), an enqueue of the same id stores nothing and returns
+        the holder's id. The hold ends when the job finishes, or after `unique_for` even if it
+        still waits. Set both methods, or neither.
+        """
+        return None
+
+    def unique_id(self) -> str | None:
+        """What makes two jobs of this KIND the same, for `unique_for()`: a str without NUL,
+        at most 2,000 bytes of UTF-8 (hash a longer identity)."""
+        return None
+
 
 _encrypted_kinds: set[str] = set()
 """KINDs of task classes marked ENCRYPTED (a codec seals by KIND: a carry is not a task)."""

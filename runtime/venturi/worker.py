@@ -38,6 +38,7 @@ from venturi._renewer import Renewer
 from venturi._rescuer import Rescuer
 from venturi._runner import Runner
 from venturi._settings import DEFAULT_QUEUE, check_queue_name, worker_settings
+from venturi._undertaker import Reporter, Undertaker
 from venturi.backoff import DEFAULT_BACKOFF, Backoff, Seconds, to_seconds
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.context import Context
@@ -99,6 +100,8 @@ class Worker(Generic[AppT]):
     - `prefetch`: while handlers run shorter than a claim's round trip, claim up to one
       batch ahead so slots never wait on the database (True); never for capped kinds.
     - `codec`: how payloads and carries decode (JSON); the queue's producers use the same.
+    - `reporters`: callables `reporter(error, job)` (sync or async; `job` a `FailedJob`)
+      told of every job that fails for good, once, after its task's `failed` hook.
     """
 
     def __init__(
@@ -125,6 +128,7 @@ class Worker(Generic[AppT]):
         metrics_host: str | None = None,  # all interfaces in a pod, else 127.0.0.1
         prefetch: bool = True,
         codec: Codec = DEFAULT_CODEC,
+        reporters: Sequence[Reporter] = (),
     ) -> None:
         if concurrency is None:
             concurrency = default_concurrency()
@@ -146,6 +150,10 @@ class Worker(Generic[AppT]):
         for mw in middleware:
             if not callable(mw):
                 raise TypeError(f"middleware: expected async callables, got {mw!r}")
+        if isinstance(reporters, str | bytes) or not all(callable(r) for r in reporters):
+            raise TypeError(
+                f"reporters: expected callables reporter(error, job), got {reporters!r}"
+            )
         self.app = app
         self.store = store
         self.concurrency = settings.concurrency
@@ -165,6 +173,7 @@ class Worker(Generic[AppT]):
         self.prefetch = prefetch
         self.hooks = hook_set(hooks, metrics=metrics or metrics_port is not None)
         self.middleware = tuple(middleware)
+        self.reporters = tuple(reporters)
         self.metrics_port = settings.metrics_port
         self.metrics_host = settings.metrics_host
         self._registry: dict[str, Registration] = {}
@@ -174,6 +183,7 @@ class Worker(Generic[AppT]):
         self._runner: Runner | None = None
         self._producer: Producer | None = None
         self._rescuer: Rescuer | None = None
+        self._undertaker: Undertaker | None = None
         self.notifier: Notifier | None = None
         self.ready = asyncio.Event()
         """Set once the worker listens and claims (tests and health checks await it)."""
@@ -277,8 +287,25 @@ class Worker(Generic[AppT]):
         await self._check_schema()  # never run against a schema this release does not know
         self._started = True
         identity = str(self.identity)
+        undertaker = self._undertaker = Undertaker(
+            self.store,
+            self._registry,
+            app=self.app,
+            codec=self.policy.codec,
+            reporters=self.reporters,
+            queues=list(self.queues),
+            worker=identity,
+            lease_s=self.lease,
+            poll_max=self.poll_max,
+            concurrency=self.concurrency,
+            outage=self._outage,
+        )
         completer = Completer(
-            self.store, worker=identity, outage=self._outage, on_settled=self._on_settled
+            self.store,
+            worker=identity,
+            outage=self._outage,
+            on_settled=self._on_settled,
+            hook_lease_s=self.lease,
         )
         runner = self._runner = Runner(
             app=self.app,
@@ -309,6 +336,12 @@ class Worker(Generic[AppT]):
             poll_max=self.poll_max,
             hooks=self.hooks,
             outage=self._outage,
+            hook_lease_s=self.lease,
+            on_dead=lambda r: (
+                undertaker.bury(r.id.to_uuid(), r.hook_token, None)
+                if r.hook_token is not None
+                else None
+            ),
         )
         self.notifier = Notifier(
             self.store,
@@ -334,6 +367,7 @@ class Worker(Generic[AppT]):
             asyncio.create_task(
                 Renewer(self.store, runner, outage=self._outage).run(), name="venturi-renewer"
             ),
+            asyncio.create_task(undertaker.run(), name="venturi-undertaker"),
         ]
         claim_loop: asyncio.Task[None] | None = None
         stop = asyncio.create_task(
@@ -384,6 +418,8 @@ class Worker(Generic[AppT]):
             await runner.drain(graceful=graceful, shutdown_timeout=self.shutdown_timeout)
             if not completer_task.done():
                 await completer.close()
+            # The failure steps of the last deaths, too (what is cut short runs elsewhere).
+            await undertaker.close(self.shutdown_timeout if graceful else 0.0)
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
@@ -432,6 +468,8 @@ class Worker(Generic[AppT]):
 
     def _on_settled(self, settlement: Settlement, kept: bool) -> None:
         self._settled[settlement.outcome if kept else "lost"] += 1
+        if kept and settlement.hook_token is not None and self._undertaker is not None:
+            self._undertaker.bury(settlement.id, settlement.hook_token, settlement.error)
         hooks = self.hooks
         if not hooks.active:
             return

@@ -12,6 +12,9 @@ Tasks:
   down it pauses (checkpoints) at once.
 - `Stubborn(n)`: sleeps a minute, ignoring the cooperative cancel (aborted at shutdown).
 - `Swallower(n)`: ignores cancellation altogether (abandoned at shutdown).
+- `Doomed(n, hang)`: fails for good at once, or (`hang`) hangs until its worker is killed.
+  Its `failed` hook records `F job run time error` when it ran; with `--hook-blocks` it
+  records `W job run time` on entry and then blocks forever, before doing anything.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from venturi import Context, Outcome, PostgresStore, Task, Worker
+from venturi import Context, Outcome, PostgresStore, Task, TaskError, Worker
 
 
 @dataclass
@@ -59,12 +62,32 @@ class Swallower(Task):
     n: int
 
 
+@dataclass
+class Doomed(Task):
+    KIND = "faults.doomed"
+    n: int
+    hang: bool = False
+
+    async def failed(self, error: BaseException, ctx: Context[None], app: Records) -> None:
+        if app.hook_blocks:
+            app.hook_entered(ctx)
+            await asyncio.Event().wait()  # never set: only SIGKILL ends this
+        app.hook_ran(ctx, error)
+
+
 class Records:
     """This process's run records."""
 
-    def __init__(self, directory: str) -> None:
+    def __init__(self, directory: str, *, hook_blocks: bool = False) -> None:
         path = os.path.join(directory, f"runs-{os.getpid()}.log")
         self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self.hook_blocks = hook_blocks
+
+    def hook_entered(self, ctx: Context[Any]) -> None:
+        self._write(f"W {ctx.job_id.to_uuid()} {ctx.run_count} {time.time():.6f}")
+
+    def hook_ran(self, ctx: Context[Any], error: BaseException) -> None:
+        self._write(f"F {ctx.job_id.to_uuid()} {ctx.run_count} {time.time():.6f} {error}")
 
     def started(self, ctx: Context[Any]) -> None:
         self._write(f"S {ctx.job_id.to_uuid()} {ctx.run_count} {time.time():.6f}")
@@ -107,6 +130,14 @@ async def stubborn(task: Stubborn, ctx: Context[None], app: Records) -> Outcome:
     return Outcome.completed()
 
 
+async def doomed(task: Doomed, ctx: Context[None], app: Records) -> Outcome:
+    app.started(ctx)
+    if task.hang:
+        await asyncio.Event().wait()  # never set: only SIGKILL ends this run
+    app.ended(ctx, "failed")
+    raise TaskError.permanent(f"doomed {task.n}")
+
+
 async def swallower(task: Swallower, ctx: Context[None], app: Records) -> Outcome:
     app.started(ctx)
     deadline = time.monotonic() + 30
@@ -128,6 +159,8 @@ async def main(argv: list[str]) -> int:
     parser.add_argument("--lease", type=float, default=15 * 60)
     parser.add_argument("--poll-max", type=float, default=30)
     parser.add_argument("--shutdown-timeout", type=float, default=30)
+    parser.add_argument("--backstop", type=int, default=25)
+    parser.add_argument("--hook-blocks", action="store_true")
     parser.add_argument("--name", default="faults")
     args = parser.parse_args(argv)
 
@@ -142,8 +175,9 @@ async def main(argv: list[str]) -> int:
     )
     try:
         worker = Worker(
-            Records(args.runs_dir),
+            Records(args.runs_dir, hook_blocks=args.hook_blocks),
             store,
+            backstop=args.backstop,
             concurrency=args.concurrency,
             lease=args.lease,
             poll_max=args.poll_max,
@@ -153,6 +187,7 @@ async def main(argv: list[str]) -> int:
         worker.register(Checkpoint, checkpoint)
         worker.register(Stubborn, stubborn)
         worker.register(Swallower, swallower)
+        worker.register(Doomed, doomed)
         run = asyncio.create_task(worker.run(shutdown))
         ready = asyncio.create_task(worker.ready.wait())
         done, _ = await asyncio.wait({run, ready}, return_when=asyncio.FIRST_COMPLETED)

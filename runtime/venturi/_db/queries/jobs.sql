@@ -61,11 +61,14 @@ FROM {prefix}_claim_v1(:queues, :kinds, :n, :reserved_low, :reserved_normal, :wo
 -- would let a cached generic plan, guessing the batch holds 10 rows and "claimed" none, loop
 -- over the lease index once per outcome), and the journal reads the update's RETURNING
 -- instead of joining. tests/runtime/test_plans.py keeps these statements linear.
+-- A dead outcome records its failure step (:hook_tokens, leased to this worker for
+-- :hook_lease_s) in the same row write: see failure_hooks.sql.
 WITH s AS (
     SELECT * FROM unnest(:ids::uuid[], :tokens::uuid[], :outcomes::text[], :delay_s::float8[],
                          :carries::text[], :set_carry::bool[], :notes::text[],
-                         :attachments::text[], :durations_s::float8[])
-        AS s(id, token, outcome, delay_s, carry, set_carry, note, attachment, duration_s)
+                         :attachments::text[], :durations_s::float8[], :hook_tokens::uuid[])
+        AS s(id, token, outcome, delay_s, carry, set_carry, note, attachment, duration_s,
+             hook_token)
 ), settled AS (
     UPDATE {prefix}_jobs AS j SET
         status = CASE WHEN s.outcome IN ('completed', 'dead') THEN s.outcome ELSE 'pending' END,
@@ -79,7 +82,14 @@ WITH s AS (
         run_count = j.run_count - CASE WHEN s.outcome = 'returned' THEN 1 ELSE 0 END,
         last_error = CASE WHEN s.outcome IN ('failed', 'dead') THEN s.note ELSE j.last_error END,
         claim_token = NULL,
-        lease_until = NULL
+        lease_until = NULL,
+        -- A unique job that finished lets go of its unique id.
+        unique_until = CASE WHEN s.outcome IN ('completed', 'dead') THEN NULL
+                            ELSE j.unique_until END,
+        hook_token = coalesce(s.hook_token, j.hook_token),
+        hook_lease_until = CASE WHEN s.hook_token IS NOT NULL
+                                THEN now() + make_interval(secs => :hook_lease_s)
+                                ELSE j.hook_lease_until END
     FROM s
     WHERE j.id = s.id AND j.claim_token = s.token
     RETURNING j.id, j.kind, j.run_count, j.status,

@@ -11,11 +11,13 @@ LIMIT :limit
 FOR UPDATE SKIP LOCKED;
 
 -- job_recover_many --
--- Re-pend (with backoff) or kill (backstop reached) jobs locked by job_select_stale.
+-- Re-pend (with backoff) or kill (backstop reached) jobs locked by job_select_stale. A job
+-- made dead records its failure step (:hook_tokens, leased to this worker for :hook_lease_s)
+-- in the same row write: see failure_hooks.sql.
 WITH r AS (
     SELECT * FROM unnest(:ids::uuid[], :tokens::uuid[], :dead::bool[], :delay_s::float8[],
-                         :notes::text[])
-        AS r(id, token, dead, delay_s, note)
+                         :notes::text[], :hook_tokens::uuid[])
+        AS r(id, token, dead, delay_s, note, hook_token)
 ), recovered AS (
     UPDATE {prefix}_jobs AS j SET
         status = CASE WHEN r.dead THEN 'dead' ELSE 'pending' END,
@@ -26,10 +28,15 @@ WITH r AS (
         failures = j.failures + 1,
         last_error = r.note,
         claim_token = NULL,
-        lease_until = NULL
+        lease_until = NULL,
+        unique_until = CASE WHEN r.dead THEN NULL ELSE j.unique_until END,
+        hook_token = coalesce(r.hook_token, j.hook_token),
+        hook_lease_until = CASE WHEN r.hook_token IS NOT NULL
+                                THEN now() + make_interval(secs => :hook_lease_s)
+                                ELSE j.hook_lease_until END
     FROM r
     WHERE j.id = r.id AND j.claim_token = r.token  -- still the claim that expired (see settle)
-    RETURNING j.id, j.kind, j.queue, j.run_count, j.status, r.note
+    RETURNING j.id, j.kind, j.queue, j.run_count, j.status, r.note, r.hook_token
 ), journal AS (
     INSERT INTO {prefix}_journal (job_id, run, outcome, note, worker)
     SELECT id, run_count, 'stale_recovered', note, :worker FROM recovered
@@ -38,7 +45,7 @@ WITH r AS (
                                            WHERE status = 'pending') AS kinds
 )
 SELECT recovered.id, recovered.kind, recovered.queue, recovered.run_count, recovered.status,
-       recovered.note, (SELECT count(*) FROM woken) AS woken
+       recovered.note, recovered.hook_token, (SELECT count(*) FROM woken) AS woken
 FROM recovered;
 
 -- lease_next_expiry --
