@@ -500,6 +500,7 @@ class PostgresStore:
             "backoff_base_s": _first(jobs.backoff_base_s),
             "backoff_cap_s": _first(jobs.backoff_cap_s),
             "dedup_key": _first(jobs.dedup_keys),
+            "trace_context": _first(jobs.trace_contexts),
             "channel": self.channel,
         }
 
@@ -516,6 +517,7 @@ class PostgresStore:
             "backoff_base_s": _column(jobs.backoff_base_s),
             "backoff_cap_s": _column(jobs.backoff_cap_s),
             "dedup_keys": _column(jobs.dedup_keys),
+            "trace_contexts": _column(jobs.trace_contexts),
             "channel": self.channel,
             "wake_kinds": list(set(jobs.kinds)),
         }
@@ -582,6 +584,7 @@ class PostgresStore:
         reserved_low: int = 0,
         reserved_normal: int = 0,
         held_lease_s: float | None = None,
+        traced: bool = False,
     ) -> list[ClaimedJob]:
         """Claim up to `limit` jobs of `queues`, emptying them in that order (one statement);
         within a queue `reserved_low` of the slots go to LOW jobs first and `reserved_normal`
@@ -590,7 +593,8 @@ class PostgresStore:
         `held_lease_s` is how long the shortest lease this worker already holds has left
         (None: it holds none). A claim whose leases end sooner than that announces them
         (`listen(on_lease=...)`), so every other worker's rescuer knows when to look:
-        one notification per busy period, not per claim (see `Rescuer`).
+        one notification per busy period, not per claim (see `Rescuer`). `traced` also
+        reads each job's stored trace context (for a worker whose middleware traces).
         """
         rows = await self._run.fetch(
             self._q["job_claim"],
@@ -604,6 +608,7 @@ class PostgresStore:
             default_lease_s=default_lease_s,
             held_lease_s=held_lease_s,
             channel=self.channel,
+            traced=traced,
         )
         return [
             ClaimedJob(
@@ -620,6 +625,7 @@ class PostgresStore:
                 backoff_cap_s=r["backoff_cap_s"],
                 waited_s=r["waited_s"],
                 history=_history(r["history"]),
+                trace_context=r["trace_context"],
             )
             for r in rows
         ]

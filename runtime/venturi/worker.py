@@ -295,6 +295,7 @@ class Worker(Generic[AppT]):
             prefetch=self.prefetch,
             outage=self._outage,
             limits=limits,
+            traced=any(getattr(mw, "reads_trace_context", False) for mw in self.middleware),
         )
         rescuer = self._rescuer = Rescuer(
             self.store,
