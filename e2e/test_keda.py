@@ -1,5 +1,5 @@
 """KEDA interoperability, on the suite's real API server: KEDA's pinned CRDs (vendored in
-e2e/keda/, checksummed) are installed, and examples/keda/scaledobject.yaml is applied with
+e2e/keda/, checksummed) are installed, and examples/keda/ is applied with
 strict field validation, so the example holds to KEDA's own schema. Runs in a namespace of
 its own, before the scenario, and removes it."""
 
@@ -16,7 +16,10 @@ import yaml
 from conftest import E2E, ROOT, CommandError, Kubectl, Object
 
 KEDA = E2E / "keda"
-EXAMPLE = ROOT / "examples" / "keda" / "scaledobject.yaml"
+EXAMPLES = (
+    ROOT / "examples" / "keda" / "triggerauthentication.yaml",
+    ROOT / "examples" / "keda" / "scaledobject.yaml",
+)
 NAMESPACE = "e2e-keda"
 CRDS = ("scaledobjects.keda.sh", "triggerauthentications.keda.sh")
 
@@ -78,8 +81,8 @@ def apply_strict(kubectl: Kubectl, docs: list[Object], path: Path) -> None:
 def test_the_example_scaledobject_is_accepted(
     kubectl: Kubectl, keda_crds: None, tmp_path: Path
 ) -> None:
-    docs = list(yaml.safe_load_all(EXAMPLE.read_text()))
-    assert {d["kind"] for d in docs} == {"ScaledObject", "TriggerAuthentication"}
+    docs = [yaml.safe_load(path.read_text()) for path in EXAMPLES]
+    assert [d["kind"] for d in docs] == ["TriggerAuthentication", "ScaledObject"]
     apply_strict(kubectl, docs, tmp_path / "example.yaml")
     scaled = kubectl.get("scaledobject", "myapp-worker", NAMESPACE)
     [trigger] = scaled["spec"]["triggers"]
@@ -92,8 +95,7 @@ def test_the_example_scaledobject_is_accepted(
 
 def test_the_schema_is_really_checked(kubectl: Kubectl, keda_crds: None, tmp_path: Path) -> None:
     """The same example with a misspelt field is refused: the acceptance above means something."""
-    docs = list(yaml.safe_load_all(EXAMPLE.read_text()))
-    bad = copy.deepcopy(next(d for d in docs if d["kind"] == "ScaledObject"))
+    bad = copy.deepcopy(yaml.safe_load(EXAMPLES[1].read_text()))
     bad["metadata"]["name"] = "misspelt"
     bad["spec"]["triggers"][0]["metdata"] = bad["spec"]["triggers"][0].pop("metadata")
     with pytest.raises(CommandError, match="metdata"):
