@@ -1,6 +1,6 @@
 """Drain and pickup through PgBouncer (transaction mode) against a direct connection.
 
-    python -m bench.pooler [--n 5000] [--pickups 30] [--concurrency 8]
+    python -m bench.pooler [--n 5000] [--pickups 30] [--concurrency 8] [--reps 3]
 
 Starts a private PostgreSQL and a private PgBouncer in front of it (`venturi.embedded`), then,
 for each way of connecting, measures on the same server:
@@ -11,7 +11,10 @@ for each way of connecting, measures on the same server:
 
 The ways: `direct`; `pgbouncer + listen_dsn` (work through the pooler, LISTEN direct);
 `pgbouncer, polling` (no LISTEN at all; `poll_max` 1 s, so pickup is bounded by it).
-Prints a Markdown table. The figures depend on the machine; on a shared one, they are noisy.
+Each way is measured `--reps` times, the ways interleaved (so a burst of load elsewhere on the
+machine hits them alike); the table shows the median drain and the pickups of every rep
+together. Prints a Markdown table. The figures depend on the machine; on a shared one, they
+are noisy.
 """
 
 from __future__ import annotations
@@ -81,7 +84,7 @@ async def _pickup(store: PostgresStore, times: int, poll_max: float) -> list[flo
     return found
 
 
-async def main(n: int, pickups: int, concurrency: int) -> None:
+async def main(n: int, pickups: int, concurrency: int, reps: int) -> None:
     async with EmbeddedPostgres() as pg:
         with EmbeddedPgBouncer(pg.port, pool_size=20) as bouncer:
             ways: list[tuple[str, dict[str, object], float]] = [
@@ -97,22 +100,27 @@ async def main(n: int, pickups: int, concurrency: int) -> None:
                     1.0,
                 ),
             ]
-            print(f"N={n} concurrency={concurrency} pickups={pickups}\n")
-            print("| connection | poll_max | drain (jobs/s) | pickup p50 | pickup p95 |")
+            rates: dict[str, list[float]] = {name: [] for name, _, _ in ways}
+            waits: dict[str, list[float]] = {name: [] for name, _, _ in ways}
+            for _ in range(reps):
+                for name, options, poll_max in ways:
+                    prefix = f"bench_{uuid.uuid4().hex[:8]}"
+                    store = await PostgresStore.connect(prefix=prefix, max_size=12, **options)  # type: ignore[arg-type]
+                    try:
+                        await store.migrate()
+                        rates[name].append(await _drain(store, n, concurrency, poll_max))
+                        waits[name] += await _pickup(store, pickups, poll_max)
+                    finally:
+                        await store.close()
+            print(f"N={n} concurrency={concurrency} pickups={pickups} reps={reps}\n")
+            print("| connection | poll_max | drain (jobs/s, median) | pickup p50 | pickup p95 |")
             print("|---|---|---|---|---|")
-            for name, options, poll_max in ways:
-                prefix = f"bench_{uuid.uuid4().hex[:8]}"
-                store = await PostgresStore.connect(prefix=prefix, max_size=12, **options)  # type: ignore[arg-type]
-                try:
-                    await store.migrate()
-                    rate = await _drain(store, n, concurrency, poll_max)
-                    waits = sorted(await _pickup(store, pickups, poll_max))
-                finally:
-                    await store.close()
-                p95 = waits[min(len(waits) - 1, round(0.95 * (len(waits) - 1)))]
+            for name, _, poll_max in ways:
+                found = sorted(waits[name])
+                p95 = found[min(len(found) - 1, round(0.95 * (len(found) - 1)))]
                 print(
-                    f"| {name} | {poll_max:g} s | {rate:,.0f} | "
-                    f"{statistics.median(waits) * 1000:.1f} ms | {p95 * 1000:.1f} ms |"
+                    f"| {name} | {poll_max:g} s | {statistics.median(rates[name]):,.0f} | "
+                    f"{statistics.median(found) * 1000:.1f} ms | {p95 * 1000:.1f} ms |"
                 )
 
 
@@ -121,5 +129,6 @@ if __name__ == "__main__":
     parser.add_argument("--n", type=int, default=5000)
     parser.add_argument("--pickups", type=int, default=30)
     parser.add_argument("--concurrency", type=int, default=8)
+    parser.add_argument("--reps", type=int, default=3)
     args = parser.parse_args()
-    asyncio.run(main(args.n, args.pickups, args.concurrency))
+    asyncio.run(main(args.n, args.pickups, args.concurrency, args.reps))
