@@ -22,7 +22,7 @@ ends when the handler returns or raises, in this middleware's `finally`: before 
 is written (writes are batched across jobs), so no span outlives its run or leaks into the
 next. Put the middleware first, so it wraps the others.
 
-With no SDK configured (the API's default provider), spans are not recorded and no trace
+With no SDK configured (the API's default provider), there are no spans and no trace
 context is stored. Without this module's tracer and middleware nothing is traced, nothing
 extra is stored, and claims do not read the column.
 """
@@ -78,7 +78,7 @@ class Tracing:
     @contextmanager
     def enqueue(self, queue: str, jobs: Sequence[tuple[ULID, str]]) -> Iterator[list[str | None]]:
         """A `send {queue}` PRODUCER span around one enqueue; yields each job's traceparent
-        (the span's), or None when the span is not recorded."""
+        (the span's), or None without a span context (no SDK configured)."""
         attributes: dict[str, Any] = {
             "messaging.system": SYSTEM,
             "messaging.operation.name": "send",
@@ -96,7 +96,9 @@ class Tracing:
             f"send {queue}", kind=trace.SpanKind.PRODUCER, attributes=attributes
         ) as span:
             context = None
-            if span.get_span_context().is_valid and span.is_recording():
+            # Also for a span sampled out (its flags say so): the run's span then follows
+            # the same sampling decision. No context at all without an SDK.
+            if span.get_span_context().is_valid:
                 carrier: dict[str, str] = {}
                 _W3C.inject(carrier)
                 context = carrier.get("traceparent")

@@ -385,5 +385,5 @@ class Queue:
 
 
 def _optional_column(values: Sequence[str | None]) -> list[str | None] | None:
-    """None (sent as one NULL) when no job has a value: a tracer with no recording span."""
+    """None (sent as one NULL) when no job has a value (a tracer without an SDK behind it)."""
     return None if all(v is None for v in values) else list(values)

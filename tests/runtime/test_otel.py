@@ -300,3 +300,13 @@ async def _all_completed(queue: Queue, ids: list[ULID]) -> bool:
         if job is None or job.status is not JobStatus.COMPLETED:
             return False
     return True
+
+
+async def test_a_sampled_out_enqueue_still_passes_its_decision_on(store: PostgresStore) -> None:
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    queue = Queue(store, tracer=Tracing(TracerProvider(sampler=ALWAYS_OFF)))
+    job_id = await queue.enqueue(Traced())
+    stored = await stored_context(store, job_id)
+    assert stored is not None
+    assert int(stored.rsplit("-", 1)[1], 16) & 1 == 0  # not sampled: a child follows suit
