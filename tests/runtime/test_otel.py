@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -310,3 +311,25 @@ async def test_a_sampled_out_enqueue_still_passes_its_decision_on(store: Postgre
     stored = await stored_context(store, job_id)
     assert stored is not None
     assert int(stored.rsplit("-", 1)[1], 16) & 1 == 0  # not sampled: a child follows suit
+
+
+def test_venturi_runs_without_opentelemetry_installed() -> None:
+    """Nothing but venturi.otel imports it; that module says which extra to install."""
+    script = (
+        "import sys, importlib.abc\n"
+        "class Absent(importlib.abc.MetaPathFinder):\n"
+        "    def find_spec(self, name, path, target=None):\n"
+        "        if name.split('.')[0] == 'opentelemetry':\n"
+        "            raise ModuleNotFoundError(name)\n"
+        "sys.meta_path.insert(0, Absent())\n"
+        "import venturi, venturi.worker, venturi.queue, venturi.cli\n"
+        "try:\n"
+        "    import venturi.otel\n"
+        "except ImportError as exc:\n"
+        "    print(exc)\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == "venturi.otel needs opentelemetry-api: install venturi[otel]"
