@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import itertools
 import os
+import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterator
 
 import pytest
 
 from venturi import PostgresStore, Queue
-from venturi.embedded import EmbeddedPostgres
+from venturi.embedded import EmbeddedPgBouncer, EmbeddedPostgres
 
 _prefixes = itertools.count()
 
@@ -25,6 +26,17 @@ def pg_dsn() -> Iterator[str]:
         return
     with EmbeddedPostgres() as pg:
         yield pg.dsn
+
+
+@pytest.fixture(scope="session")
+def pgbouncer_dsn(pg_dsn: str) -> Iterator[str]:
+    """The test PostgreSQL behind a private PgBouncer in transaction pooling mode (Debian's
+    `pgbouncer`, which scripts/test installs), started on first use."""
+    url = urllib.parse.urlsplit(pg_dsn)
+    if url.hostname not in ("127.0.0.1", "localhost") or url.port is None:
+        pytest.skip("PgBouncer tests need the harness's PostgreSQL on 127.0.0.1")
+    with EmbeddedPgBouncer(url.port, users=(url.username or "postgres",)) as bouncer:
+        yield bouncer.dsn
 
 
 @pytest.fixture

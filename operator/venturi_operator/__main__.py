@@ -20,6 +20,7 @@ from dataclasses import dataclass
 import kopf
 
 from venturi import logs
+from venturi.postgres import POOLERS
 from venturi_operator.config import DEFAULT_MAX_REPLICAS, OperatorConfig
 from venturi_operator.databases import Databases
 from venturi_operator.handlers import build_registry
@@ -74,6 +75,12 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[OperatorConfig, Loggi
         help="text or json, one object per line (env VENTURI_LOG_FORMAT, default text)",
     )
     parser.add_argument(
+        "--pooler",
+        default=os.environ.get("VENTURI_OPERATOR_POOLER", "none"),
+        help="transaction: the queues' databases are reached through PgBouncer in transaction "
+        "mode; no session state, no LISTEN (env VENTURI_OPERATOR_POOLER, default none)",
+    )
+    parser.add_argument(
         "--max-replicas",
         type=int,
         default=DEFAULT_MAX_REPLICAS,
@@ -89,12 +96,15 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[OperatorConfig, Loggi
         )
     if args.log_format not in logs.FORMATS:
         parser.error(f"--log-format: expected text or json, got {args.log_format!r}")
+    if args.pooler not in POOLERS:
+        parser.error(f"--pooler: expected none or transaction, got {args.pooler!r}")
     config = OperatorConfig(
         namespaces=tuple(args.namespace),
         metrics_port=args.metrics_port or None,
         metrics_host=args.metrics_host,
         liveness_endpoint=args.liveness or None,
         max_replicas=args.max_replicas,
+        pooler=args.pooler,
     )
     return config, Logging(args.log_format, args.log_level.lower())
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from venturi.postgres import POOLERS, Pooler
+
 DEFAULT_MAX_REPLICAS = 100
 """KEDA's default maxReplicaCount: room for real backlogs, not for a typo's 10,000 pods."""
 
@@ -26,10 +28,16 @@ class OperatorConfig:
     and three for the stats queries of every JobQueue on it (each takes about a millisecond)."""
     application_name: str = "venturi-operator"
     """How the operator's connections show in pg_stat_activity."""
+    pooler: Pooler = "none"
+    """"transaction" when the queues' DSNs go through PgBouncer (or another pooler) in
+    transaction mode (`PostgresStore.connect(pooler=)`): the operator then keeps no session
+    state and does not LISTEN, so pools wake on their `interval` only, not on NOTIFY."""
     max_replicas: int = DEFAULT_MAX_REPLICAS
     """The most replicas any pool may ask for: a pool whose maxReplicas is higher is not
     scaled at all. Whoever may create a JobQueue must not be able to order unbounded pods."""
 
     def __post_init__(self) -> None:
+        if self.pooler not in POOLERS:
+            raise ValueError(f"pooler: expected none or transaction, got {self.pooler!r}")
         if isinstance(self.max_replicas, bool) or not 1 <= self.max_replicas <= 2**31 - 1:
             raise ValueError(f"max_replicas: expected 1 to {2**31 - 1}, got {self.max_replicas!r}")

@@ -124,6 +124,7 @@ class Databases:
                             connect_timeout=self._config.connect_timeout,
                             statement_timeout=self._config.statement_timeout,
                             application_name=self._config.application_name,
+                            pooler=self._config.pooler,
                         ),
                         self._config.connect_timeout + 1,
                     )
@@ -220,6 +221,9 @@ class Databases:
 
             try:
                 store = await self._store(dsn)
+                if not store.can_listen:  # behind a transaction pooler: ticks on interval only
+                    logger.info("not listening on %s: pooler=transaction", the_database(dsn))
+                    return
                 async with store.listen_queues(prefixes, notified, lost.set) as listening:
                     delay = 0.5
                     for prefix in prefixes:

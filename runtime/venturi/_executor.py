@@ -85,6 +85,7 @@ async def execute(
         history=job.history,
         carry=carry,
         cancellation=cancellation,
+        trace_context=job.trace_context,
     )
     started = time.monotonic()
     try:

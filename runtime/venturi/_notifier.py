@@ -9,6 +9,9 @@ since notifications sent while we were away are lost; `poll_max` bounds the rest
 A lost connection is retried with a backoff capped at a second, whatever asyncpg raised;
 the loss is logged once, and its end once.
 
+A store that cannot LISTEN (a transaction pooler without `listen_dsn`) gets no connection:
+the notifier says so once and the worker polls, bounded by `poll_max`.
+
 Started by the worker; calls `PostgresStore.listen`.
 """
 
@@ -55,6 +58,9 @@ class Notifier:
 
     async def run(self) -> None:
         """Listen until cancelled, reconnecting with backoff whenever the connection drops."""
+        if not self._store.can_listen:
+            await self._poll_only()
+            return
         delay = 0.0
         first = True
         lost_since: float | None = None
@@ -95,6 +101,17 @@ class Notifier:
             self.connected.clear()
             delay = next_delay(delay)
             await asyncio.sleep(delay * random.uniform(0.5, 1.0))
+
+    async def _poll_only(self) -> None:
+        logger.info(
+            "no LISTEN on %s: the store connects through a transaction pooler without "
+            "listen_dsn, so new jobs are found by polling (at most poll_max apart)",
+            self._store.channel,
+        )
+        self.connected.set()  # nothing to wait for: the worker may claim at once
+        if self._on_connected is not None:
+            self._on_connected()
+        await asyncio.Event().wait()  # until cancelled
 
     async def _watch(self, listening: Listening) -> None:
         """Return when the connection is lost or a probe fails."""

@@ -65,6 +65,7 @@ class Producer:
         prefetch: bool,
         outage: Outage,
         limits: RunLimits = RunLimits(),
+        traced: bool = False,
     ) -> None:
         self._store = store
         self._runner = runner
@@ -79,6 +80,8 @@ class Producer:
         self._prefetch = prefetch
         self._outage = outage
         self._limits = limits
+        self._traced = traced
+        """Claims also read each job's trace context (the worker's middleware traces)."""
         self._claim_ewma: float | None = None
         self._slot_counter = 0
         self._unsure = False
@@ -196,6 +199,7 @@ class Producer:
                 reserved_low=low,
                 reserved_normal=normal,
                 held_lease_s=self._shortest_held_lease(began),
+                traced=self._traced,
             )
             self._claim_ewma = _ewma(self._claim_ewma, loop.time() - began)
             self._slot_counter += len(claimed)

@@ -35,6 +35,8 @@ class NewJob:
     unique_key: str | None = None
     """The task's unique id (jobs of one KIND holding it exclude each other)."""
     unique_for_s: float | None = None
+    trace_context: str | None = None
+    """The W3C traceparent of the enqueue's span (a tracing producer), else None."""
 
 
 @dataclass(slots=True)
@@ -57,6 +59,7 @@ class NewJobs:
     backoff_base_s: Sequence[float | None] | None = None
     backoff_cap_s: Sequence[float | None] | None = None
     dedup_keys: Sequence[str | None] | None = None
+    trace_contexts: Sequence[str | None] | None = None
 
     def __post_init__(self) -> None:
         # A short column would be padded with NULLs by unnest(): refuse it here instead.
@@ -71,6 +74,7 @@ class NewJobs:
             self.backoff_base_s,
             self.backoff_cap_s,
             self.dedup_keys,
+            self.trace_contexts,
         ):
             if column is not None and len(column) != n:
                 raise ValueError(f"NewJobs: every column must hold {n} values, one per job")
@@ -95,6 +99,7 @@ class NewJobs:
                 backoff_base_s=None if j.backoff_base_s is None else [j.backoff_base_s],
                 backoff_cap_s=None if j.backoff_cap_s is None else [j.backoff_cap_s],
                 dedup_keys=None if j.dedup_key is None else [j.dedup_key],
+                trace_contexts=None if j.trace_context is None else [j.trace_context],
             )
         queue = jobs[0].queue if jobs else ""
         if any(j.queue != queue for j in jobs):
@@ -111,6 +116,7 @@ class NewJobs:
             backoff_base_s=_optional([j.backoff_base_s for j in jobs]),
             backoff_cap_s=_optional([j.backoff_cap_s for j in jobs]),
             dedup_keys=_optional([j.dedup_key for j in jobs]),
+            trace_contexts=_optional([j.trace_context for j in jobs]),
         )
 
 
@@ -139,6 +145,8 @@ class ClaimedJob:
     backoff_cap_s: float | None
     waited_s: float
     history: tuple[JournalEntry, ...]
+    trace_context: str | None = None
+    """The traceparent stored at enqueue, read only for a worker that traces."""
 
 
 SettledAs = Literal["completed", "paused", "failed", "dead", "released", "returned"]

@@ -48,7 +48,7 @@ from venturi.embedded import EmbeddedPostgresError
 from venturi.encryption import KEYS_ENV, KeyRing, SealedCodec, new_key
 from venturi.errors import JobStateError, SchemaError
 from venturi.jobs import CleanupCriteria, FailedJob, Job, JobFilter, JobStatus, JournalEntry, Stats
-from venturi.postgres import DEFAULT_PREFIX, PostgresStore
+from venturi.postgres import DEFAULT_PREFIX, POOLERS, PostgresStore
 from venturi.queue import Queue
 from venturi.worker import Worker
 
@@ -110,6 +110,19 @@ def _parser() -> argparse.ArgumentParser:
         "--prefix",
         default=os.environ.get("VENTURI_PREFIX", DEFAULT_PREFIX),
         help="table prefix (env VENTURI_PREFIX, default %(default)s)",
+    )
+    common.add_argument(
+        "--pooler",
+        choices=POOLERS,
+        default=os.environ.get("VENTURI_POOLER", "none"),
+        help="transaction: --dsn goes through PgBouncer (or another pooler) in transaction "
+        "mode; keep no session state (env VENTURI_POOLER, default %(default)s)",
+    )
+    common.add_argument(
+        "--listen-dsn",
+        default=os.environ.get("VENTURI_LISTEN_DSN"),
+        help="a direct connection to PostgreSQL for LISTEN, bypassing the pooler (env "
+        "VENTURI_LISTEN_DSN); without it a worker behind a transaction pooler polls",
     )
     common.add_argument("--json", action="store_true", help="machine-readable output")
     common.add_argument(
@@ -272,7 +285,9 @@ async def _run(args: argparse.Namespace) -> int:
         return 0
     if args.dsn is None and not os.environ.get("PGHOST"):
         raise UsageError("no database given: pass --dsn or set VENTURI_DSN")
-    async with await PostgresStore.connect(args.dsn, prefix=args.prefix) as store:
+    async with await PostgresStore.connect(
+        args.dsn, prefix=args.prefix, pooler=args.pooler, listen_dsn=args.listen_dsn
+    ) as store:
         queue = Queue(store)
         if args.command == "migrate":
             applied = await store.migrate()

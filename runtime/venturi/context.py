@@ -77,6 +77,7 @@ class Context(Generic[C]):
         "kind",
         "queue",
         "run_count",
+        "trace_context",
     )
 
     def __init__(
@@ -89,6 +90,7 @@ class Context(Generic[C]):
         history: tuple[JournalEntry, ...],
         carry: C,
         cancellation: Cancellation,
+        trace_context: str | None = None,
     ) -> None:
         self.job_id = job_id
         self.kind = kind
@@ -100,6 +102,10 @@ class Context(Generic[C]):
         """The job's earlier journal entries, oldest first."""
         self.carry = carry
         """The typed carry; mutate it freely, it is saved when the job pauses or retries."""
+        self.trace_context = trace_context
+        """The W3C traceparent the job was enqueued under, for tracing middleware
+        (`venturi.otel`); None unless the producer traced and this worker's middleware
+        reads it."""
         self._cancellation = cancellation
         self._attachment: bytes | None = None
 

@@ -8,6 +8,10 @@ it runs the server as the `postgres` user (or creates a system user `venturi-pg`
 
     async with EmbeddedPostgres() as pg:
         store = await PostgresStore.connect(pg.dsn)
+
+`EmbeddedPgBouncer` puts a private PgBouncer (the machine's `pgbouncer` binary), in
+transaction pooling mode, in front of such a server: for tests and measurements of
+`pooler="transaction"`.
 """
 
 from __future__ import annotations
@@ -311,3 +315,135 @@ class EmbeddedPostgres:
         tb: TracebackType | None,
     ) -> None:
         await asyncio.to_thread(self.stop)
+
+
+def find_pgbouncer() -> Path:
+    """The `pgbouncer` binary (`VENTURI_PGBOUNCER`, else PATH), or an error saying how to get it."""
+    found = os.environ.get("VENTURI_PGBOUNCER") or shutil.which("pgbouncer")
+    if not found:
+        for candidate in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer"):
+            if os.access(candidate, os.X_OK):
+                found = candidate
+                break
+    if not found:
+        raise EmbeddedPostgresError(
+            "pgbouncer not found: install it (Debian: apt-get install pgbouncer) or set "
+            "VENTURI_PGBOUNCER to the binary"
+        )
+    return Path(found)
+
+
+class EmbeddedPgBouncer:
+    """A PgBouncer in a temporary directory, owned by this process, pooling connections to
+    `server_port` on 127.0.0.1 (every database, trust authentication for `users`).
+
+    `pool_mode` is "transaction" by default: a server connection is a client's only for the
+    length of a transaction, which is what venturi's `pooler="transaction"` is for. PgBouncer
+    refuses to run as root, so as root it runs as the same unprivileged user as
+    `EmbeddedPostgres`.
+    """
+
+    def __init__(
+        self,
+        server_port: int,
+        *,
+        pool_mode: str = "transaction",
+        pool_size: int = 20,
+        port: int | None = None,
+        users: tuple[str, ...] = ("postgres",),
+    ) -> None:
+        self.server_port = server_port
+        self.pool_mode = pool_mode
+        self.pool_size = pool_size
+        self.port = port or free_port()
+        self.users = users
+        self._dir: Path | None = None
+        self._proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def dsn(self) -> str:
+        return f"postgresql://{self.users[0]}@127.0.0.1:{self.port}/postgres"
+
+    @property
+    def log_path(self) -> Path | None:
+        return self._dir / "pgbouncer.log" if self._dir else None
+
+    def start(self) -> None:
+        """Write its configuration and start it; blocks until it accepts connections."""
+        binary = find_pgbouncer()
+        user = _server_user()
+        self._dir = Path(tempfile.mkdtemp(prefix="venturi-pgbouncer-"))
+        (self._dir / "users.txt").write_text("".join(f'"{u}" ""\n' for u in self.users))
+        (self._dir / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host=127.0.0.1 port={self.server_port}\n"
+            "[pgbouncer]\n"
+            "listen_addr = 127.0.0.1\n"
+            f"listen_port = {self.port}\n"
+            "unix_socket_dir =\n"
+            "auth_type = trust\n"
+            f"auth_file = {self._dir / 'users.txt'}\n"
+            f"pool_mode = {self.pool_mode}\n"
+            f"default_pool_size = {self.pool_size}\n"
+            "max_client_conn = 1000\n"
+            f"logfile = {self._dir / 'pgbouncer.log'}\n"
+            f"pidfile = {self._dir / 'pgbouncer.pid'}\n"
+        )
+        if user is not None:
+            os.chmod(self._dir, 0o755)
+            for path in self._dir.iterdir():
+                os.chown(path, user.pw_uid, user.pw_gid)
+            os.chown(self._dir, user.pw_uid, user.pw_gid)
+        self._proc = subprocess.Popen(
+            [str(binary), str(self._dir / "pgbouncer.ini")],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.STDOUT,
+            cwd=self._dir,
+            start_new_session=True,
+            user=user.pw_uid if user else None,
+            group=user.pw_gid if user else None,
+        )
+        deadline = time.monotonic() + START_TIMEOUT
+        while time.monotonic() < deadline:
+            if self._proc.poll() is not None:
+                log = self._dir / "pgbouncer.log"
+                text = log.read_text(errors="replace") if log.exists() else ""
+                self._proc = None
+                self._cleanup()
+                raise EmbeddedPostgresError(f"pgbouncer exited at start:\n{text[-2000:]}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            time.sleep(0.05)
+        self.stop()
+        raise EmbeddedPostgresError(f"pgbouncer did not accept connections in {START_TIMEOUT}s")
+
+    def stop(self) -> None:
+        """Stop it (SIGTERM: PgBouncer's immediate shutdown; a test's clients are done) and
+        delete its directory. Safe to call twice."""
+        proc, self._proc = self._proc, None
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        self._cleanup()
+
+    def _cleanup(self) -> None:
+        if self._dir is not None:
+            shutil.rmtree(self._dir, ignore_errors=True)
+            self._dir = None
+
+    def __enter__(self) -> Self:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()

@@ -19,11 +19,18 @@ worker's event loop, so they must be quick; an exception in one is logged and ig
 the job's or the worker's problem. Hooks observe at most once: a worker killed between a
 write and its hook call skips the call (the journal is the record that never skips).
 Prometheus metrics (`metrics=True`) are one hook among others.
+
+One producer-side point can add to what is stored: an `EnqueueTracer` (`Queue(tracer=...)`,
+`venturi.otel.Tracing` is one) wraps each enqueue and gives each job the trace context to
+store with it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
+from typing import Protocol
 
 from ulid import ULID
 
@@ -98,6 +105,18 @@ class Recovered:
     queue: str
     status: str
     """pending (re-run after backoff) or dead (the backstop was reached)."""
+
+
+class EnqueueTracer(Protocol):
+    """Traces enqueues: `Queue(store, tracer=...)` (see `venturi.otel`)."""
+
+    def enqueue(
+        self, queue: str, jobs: Sequence[tuple[ULID, str]]
+    ) -> AbstractContextManager[Sequence[str | None]]:
+        """Around one enqueue call of `jobs` (id, kind) into `queue`: yields the trace
+        context (a W3C traceparent, or None) to store with each job, in order; the block
+        exits with the insert's exception, if it raised."""
+        ...
 
 
 class Hooks:

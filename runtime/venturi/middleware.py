@@ -17,6 +17,10 @@ the run's outcome, exactly as if the handler had: an exception is a failed execu
 `TaskError` chooses its fate, a pause is not a failure. Use hooks (`venturi.hooks`) to only
 observe; use middleware to change what happens. A worker without middleware calls its
 handlers directly.
+
+A middleware with a true `reads_trace_context` attribute (`venturi.otel`'s) makes the
+worker's claims also read each job's stored trace context, as `ctx.trace_context`; without
+one the claim never reads it.
 """
 
 from __future__ import annotations

@@ -62,6 +62,11 @@ DEFAULT_HOOK_LEASE_S = 15 * 60.0
 lease, when it passes one)."""
 
 SSLMode = Literal["disable", "prefer", "allow", "require", "verify-ca", "verify-full"]
+Pooler = Literal["none", "transaction"]
+"""What sits between venturi and PostgreSQL: "none" (a direct connection, or a pooler in
+session mode) or "transaction" (PgBouncer, or another pooler, in transaction mode: a server
+connection is venturi's only for the length of one transaction)."""
+POOLERS: tuple[Pooler, ...] = ("none", "transaction")
 
 
 class _HistoryRow(msgspec.Struct):
@@ -141,16 +146,30 @@ class PostgresStore:
         owns_pool: bool,
         connect_args: tuple[str | None, dict[str, Any]] | None = None,
         conn: CallersConnection | None = None,
+        pooler: Pooler = "none",
+        statement_timeout_ms: int | None = None,
     ) -> None:
         self._prefix = sql.validate_prefix(prefix)
         self._q = sql.queries(prefix)
         self._pool = pool
         self._owns_pool = owns_pool and conn is None
         self._connect_args = connect_args
-        """How the pool connects, so LISTEN can hold a connection of its own outside it."""
+        """How LISTEN connects, on a connection of its own outside the pool (None: it takes
+        one of the pool's)."""
         self._conn = conn
         """The caller's connection this store is bound to (`using`), if any."""
-        self._run: Runner = conn if conn is not None else Pooled(self._pool_or_raise, self._q)
+        self._pooler = _check_pooler(pooler)
+        self._statement_timeout_ms = statement_timeout_ms
+        """Through a transaction pooler, set per transaction (`begin_with_timeout`)."""
+        begin = None
+        if pooler == "transaction" and statement_timeout_ms is not None:
+            # A literal integer (SET takes no parameters), so nothing can be injected.
+            begin = self._q["begin_with_timeout"].text.replace(
+                "{statement_timeout_ms}", str(int(statement_timeout_ms))
+            )
+        self._run: Runner = (
+            conn if conn is not None else Pooled(self._pool_or_raise, self._q, begin=begin)
+        )
         self._closed = False
         # One connection of its own pool kept for single enqueues while no other enqueue is
         # using it: a pool acquire/release costs about a tenth of an enqueue.
@@ -171,6 +190,8 @@ class PostgresStore:
         connect_timeout: float | None = None,
         statement_timeout: float | None = None,
         application_name: str | None = None,
+        pooler: Pooler = "none",
+        listen_dsn: str | None = None,
         **connect_kwargs: Any,
     ) -> PostgresStore:
         """Open a pool to `dsn`: a libpq URI (`postgresql://user:pw@host:5432/db`), a libpq
@@ -183,15 +204,28 @@ class PostgresStore:
         connecting (default: the DSN's connect_timeout, else 10 s); `application_name`
         defaults to the DSN's, else "venturi". The prefix and the DSN's form are validated
         before any connection is made.
+
+        `pooler="transaction"` says `dsn` reaches PostgreSQL through PgBouncer (or another
+        pooler) in transaction mode, where session state does not survive a transaction:
+        venturi then keeps none. No prepared-statement cache (`statement_cache_size=0`),
+        `statement_timeout` set with SET LOCAL in a transaction around each statement (two
+        more round trips per statement: prefer the role's setting, `ALTER ROLE ... SET
+        statement_timeout`, and leave this unset), locks that end with their transaction
+        (venturi takes no other kind), and LISTEN only on `listen_dsn`, a direct connection
+        to PostgreSQL; without it workers poll, so a new job waits up to the worker's
+        `poll_max`. `listen_dsn` may also be given without a pooler (LISTEN elsewhere).
         """
         sql.validate_prefix(prefix)
+        _check_pooler(pooler)
         parsed = _dsn.connect_args(dsn)
+        listen = None if listen_dsn is None else _dsn.connect_args(listen_dsn)
         settings = dict(parsed.server_settings)
         if application_name is not None:
             settings["application_name"] = application_name
         settings.setdefault("application_name", "venturi")
-        if statement_timeout is not None:
-            settings["statement_timeout"] = str(int(statement_timeout * 1000))
+        timeout_ms = None if statement_timeout is None else int(statement_timeout * 1000)
+        if timeout_ms is not None and pooler == "none":
+            settings["statement_timeout"] = str(timeout_ms)
         timeout = connect_timeout if connect_timeout is not None else parsed.timeout
         if timeout is None:
             timeout = 10.0
@@ -202,18 +236,50 @@ class PostgresStore:
             "server_settings": settings,
             **connect_kwargs,
         }
+        if pooler == "transaction":
+            # A pooler hands each transaction any of its server connections, where a named
+            # prepared statement of another client's may or may not exist.
+            options.setdefault("statement_cache_size", 0)
         pool = await asyncpg.create_pool(
             parsed.dsn, min_size=min_size, max_size=max_size, reset=_keep_session, **options
         )
-        return cls(pool, prefix=prefix, owns_pool=True, connect_args=(parsed.dsn, options))
+        # LISTEN on a connection of its own: `listen_dsn`'s, else the pool's DSN unless a
+        # transaction pooler is in between (none then: workers poll).
+        listen_args: tuple[str | None, dict[str, Any]] | None = None
+        if listen is not None:
+            listen_args = (listen.dsn, _listen_options(options, listen, timeout_ms))
+        elif pooler == "none":
+            listen_args = (parsed.dsn, options)
+        return cls(
+            pool,
+            prefix=prefix,
+            owns_pool=True,
+            connect_args=listen_args,
+            pooler=pooler,
+            statement_timeout_ms=timeout_ms,
+        )
 
     @classmethod
-    def from_pool(cls, pool: asyncpg.Pool, *, prefix: str = DEFAULT_PREFIX) -> PostgresStore:
+    def from_pool(
+        cls,
+        pool: asyncpg.Pool,
+        *,
+        prefix: str = DEFAULT_PREFIX,
+        pooler: Pooler = "none",
+        listen_dsn: str | None = None,
+    ) -> PostgresStore:
         """Use an existing asyncpg pool (the store will not close it).
 
-        The worker holds one connection of it for LISTEN, so size the pool for that.
+        The worker holds one connection of it for LISTEN, so size the pool for that, unless
+        `listen_dsn` names a connection of its own for LISTEN. `pooler="transaction"`: the
+        pool reaches PostgreSQL through a pooler in transaction mode (see `connect`; create
+        the pool with `statement_cache_size=0`); without `listen_dsn` workers then poll.
         """
-        return cls(pool, prefix=prefix, owns_pool=False)
+        listen_args = None
+        if listen_dsn is not None:
+            listen = _dsn.connect_args(listen_dsn)
+            listen_args = (listen.dsn, _listen_options({}, listen, None))
+        return cls(pool, prefix=prefix, owns_pool=False, connect_args=listen_args, pooler=pooler)
 
     def with_prefix(self, prefix: str) -> PostgresStore:
         """Another queue namespace over the same pool (which this store keeps owning), or
@@ -224,6 +290,8 @@ class PostgresStore:
             owns_pool=False,
             connect_args=self._connect_args,
             conn=self._conn,
+            pooler=self._pooler,
+            statement_timeout_ms=self._statement_timeout_ms,
         )
 
     def using(self, conn: Connection, *, autocommit: bool = False) -> PostgresStore:
@@ -244,6 +312,7 @@ class PostgresStore:
             owns_pool=False,
             connect_args=self._connect_args,
             conn=CallersConnection(conn, self._q, autocommit=autocommit),
+            pooler=self._pooler,
         )
 
     @property
@@ -257,8 +326,21 @@ class PostgresStore:
 
     @property
     def listens_outside_pool(self) -> bool:
-        """True when LISTEN uses a connection of its own (stores made by `connect()`)."""
+        """True when LISTEN uses a connection of its own (stores made by `connect()`, or
+        given a `listen_dsn`)."""
         return self._connect_args is not None
+
+    @property
+    def pooler(self) -> Pooler:
+        """The pooler this store was told it connects through ("none" or "transaction")."""
+        return self._pooler
+
+    @property
+    def can_listen(self) -> bool:
+        """False through a transaction pooler without a `listen_dsn`: LISTEN is session
+        state, which such a pooler does not keep; workers then poll (bounded by
+        `poll_max`)."""
+        return self._pooler == "none" or self._connect_args is not None
 
     @property
     def channel(self) -> str:
@@ -399,8 +481,13 @@ class PostgresStore:
 
     @property
     def _holds_connection(self) -> bool:
-        """Whether single enqueues may keep a connection of the pool (see `__init__`)."""
-        return self._owns_pool and self.pool_max_size >= 3
+        """Whether single enqueues may keep a connection of the pool (see `__init__`): not
+        when each statement needs a transaction of its own (a timeout through a pooler)."""
+        return (
+            self._owns_pool
+            and self.pool_max_size >= 3
+            and not (self._pooler == "transaction" and self._statement_timeout_ms is not None)
+        )
 
     def _insert_statement(self, jobs: NewJobs) -> tuple[sql.Statement, dict[str, Any]]:
         """`job_insert` and its arguments, or, for a single job, `job_insert_one`."""
@@ -418,6 +505,7 @@ class PostgresStore:
             "backoff_base_s": _first(jobs.backoff_base_s),
             "backoff_cap_s": _first(jobs.backoff_cap_s),
             "dedup_key": _first(jobs.dedup_keys),
+            "trace_context": _first(jobs.trace_contexts),
             "channel": self.channel,
         }
 
@@ -434,6 +522,7 @@ class PostgresStore:
             "backoff_base_s": _column(jobs.backoff_base_s),
             "backoff_cap_s": _column(jobs.backoff_cap_s),
             "dedup_keys": _column(jobs.dedup_keys),
+            "trace_contexts": _column(jobs.trace_contexts),
             "channel": self.channel,
             "wake_kinds": list(set(jobs.kinds)),
         }
@@ -512,6 +601,7 @@ class PostgresStore:
             "backoff_cap_s": job.backoff_cap_s,
             "unique_key": job.unique_key,
             "unique_for_s": job.unique_for_s,
+            "trace_context": job.trace_context,
             "channel": self.channel,
         }
         for _ in range(10):  # another round only if the holder finished in between
@@ -543,6 +633,7 @@ class PostgresStore:
         reserved_low: int = 0,
         reserved_normal: int = 0,
         held_lease_s: float | None = None,
+        traced: bool = False,
     ) -> list[ClaimedJob]:
         """Claim up to `limit` jobs of `queues`, emptying them in that order (one statement);
         within a queue `reserved_low` of the slots go to LOW jobs first and `reserved_normal`
@@ -551,7 +642,8 @@ class PostgresStore:
         `held_lease_s` is how long the shortest lease this worker already holds has left
         (None: it holds none). A claim whose leases end sooner than that announces them
         (`listen(on_lease=...)`), so every other worker's rescuer knows when to look:
-        one notification per busy period, not per claim (see `Rescuer`).
+        one notification per busy period, not per claim (see `Rescuer`). `traced` also
+        reads each job's stored trace context (for a worker whose middleware traces).
         """
         rows = await self._run.fetch(
             self._q["job_claim"],
@@ -565,6 +657,7 @@ class PostgresStore:
             default_lease_s=default_lease_s,
             held_lease_s=held_lease_s,
             channel=self.channel,
+            traced=traced,
         )
         return [
             ClaimedJob(
@@ -581,6 +674,7 @@ class PostgresStore:
                 backoff_cap_s=r["backoff_cap_s"],
                 waited_s=r["waited_s"],
                 history=_history(r["history"]),
+                trace_context=r["trace_context"],
             )
             for r in rows
         ]
@@ -793,6 +887,12 @@ class PostgresStore:
             raise TypeError(
                 "a store bound to the caller's connection (using) cannot LISTEN: LISTEN needs "
                 "a connection of its own; listen on the store it was made from"
+            )
+        if not self.can_listen:
+            raise TypeError(
+                "this store connects through a transaction pooler (pooler='transaction'), "
+                "which cannot keep a LISTEN: pass listen_dsn= (a direct connection to "
+                "PostgreSQL) to listen, or poll"
             )
         channels = {f"{sql.validate_prefix(p)}_jobs": p for p in prefixes}
 
@@ -1153,6 +1253,23 @@ _LEASE_NOTICE = "!lease "
 """Payload prefix of a claim's lease announcement: "!lease <seconds> <queue>"."""
 _POOL_ONLY = frozenset({"setup", "init", "max_queries", "max_inactive_connection_lifetime"})
 """Pool arguments that a single connection does not take."""
+
+
+def _check_pooler(pooler: object) -> Pooler:
+    if pooler not in POOLERS:
+        raise ValueError(f"pooler: expected one of {', '.join(POOLERS)}, got {pooler!r}")
+    return pooler  # narrowed by `in POOLERS`
+
+
+def _listen_options(
+    options: dict[str, Any], listen: _dsn.ConnectArgs, statement_timeout_ms: int | None
+) -> dict[str, Any]:
+    """The LISTEN connection's options: the pool's, with `listen_dsn`'s own settings (it is
+    a direct connection, so session settings are fine there)."""
+    settings = {**dict(options.get("server_settings") or {}), **listen.server_settings}
+    if statement_timeout_ms is not None:
+        settings["statement_timeout"] = str(statement_timeout_ms)
+    return {**options, "server_settings": settings}
 
 
 def _column(values: Sequence[Any] | None) -> Sequence[Any] | None:

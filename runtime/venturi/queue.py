@@ -29,7 +29,7 @@ from venturi.backoff import MAX_DELAY, Backoff, Seconds, to_seconds
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.encryption import SealedCodec
 from venturi.errors import JobStateError, PayloadError
-from venturi.hooks import Enqueued, Hooks
+from venturi.hooks import Enqueued, EnqueueTracer, Hooks
 from venturi.jobs import (
     CleanupCriteria,
     FailedJob,
@@ -97,6 +97,9 @@ class Queue:
     transaction: it exists, and workers are woken, only if that transaction commits.
     A connection outside a transaction is a `ValueError`, unless `autocommit=True`.
     `Queue(store.using(conn))` runs every call, listings included, on `conn`.
+
+    `tracer` traces every enqueue and stores its trace context with each job (see
+    `venturi.otel`); without one nothing is traced and nothing extra is stored.
     """
 
     def __init__(
@@ -107,8 +110,10 @@ class Queue:
         hooks: Sequence[Hooks] = (),
         metrics: bool = False,
         codec: Codec = DEFAULT_CODEC,
+        tracer: EnqueueTracer | None = None,
     ) -> None:
         self.store = store
+        self.tracer = tracer
         self.queue = check_queue_name(queue)
         self.hooks = hook_set(hooks, metrics=metrics)
         self.codec = codec
@@ -137,6 +142,13 @@ class Queue:
         return self.store.using(conn, autocommit=autocommit)
 
     async def _insert(self, store: PostgresStore, task: Task[Any], job: NewJob) -> ULID:
+        if self.tracer is None:
+            return await self._insert_untraced(store, task, job)
+        with self.tracer.enqueue(self.queue, [(job.id, job.kind)]) as contexts:
+            job.trace_context = contexts[0]
+            return await self._insert_untraced(store, task, job)
+
+    async def _insert_untraced(self, store: PostgresStore, task: Task[Any], job: NewJob) -> ULID:
         if job.unique_key is not None:
             holder = await store.insert_unique(job)
             self._log(job)
@@ -259,14 +271,32 @@ class Queue:
         """
         store = self._store_for(conn, autocommit)
         tasks = list(tasks)
+        if self.tracer is None or not tasks:
+            return await self._insert_many(store, tasks, priority, None)
         ids = new_ids(len(tasks))
+        kinds = [_kind(type(t)) for t in tasks]
+        with self.tracer.enqueue(self.queue, list(zip(ids, kinds, strict=True))) as contexts:
+            return await self._insert_many(store, tasks, priority, (ids, contexts))
+
+    async def _insert_many(
+        self,
+        store: PostgresStore,
+        tasks: list[Task[Any]],
+        priority: Priority | None,
+        traced: tuple[list[ULID], Sequence[str | None]] | None,
+    ) -> list[ULID]:
+        """enqueue_many's inserts; `traced`: the ids chosen and their trace contexts."""
+        ids, contexts = traced if traced is not None else (new_ids(len(tasks)), None)
         if all(_no_policy(type(t)) for t in tasks):
             # The common case, without a record per job: no hooks to call, no dedup keys.
             tier = int(Priority(priority)) if priority is not None else _NORMAL
             kinds = [_kind(type(t)) for t in tasks]
             encode = self.codec.encode
             payloads = [encode(t, kind=k) for t, k in zip(tasks, kinds, strict=True)]
-            await store.insert(NewJobs(self.queue, ids, kinds, [tier] * len(ids), payloads))
+            traces = None if contexts is None else _optional_column(contexts)
+            await store.insert(
+                NewJobs(self.queue, ids, kinds, [tier] * len(ids), payloads, trace_contexts=traces)
+            )
             if self.hooks.active:
                 for job_id, kind in zip(ids, kinds, strict=True):
                     self.hooks.enqueued(Enqueued(job_id, kind, self.queue))
@@ -275,6 +305,9 @@ class Queue:
         jobs = [
             self._new_job(t, priority=priority, job_id=i) for t, i in zip(tasks, ids, strict=True)
         ]
+        if contexts is not None:
+            for job, context in zip(jobs, contexts, strict=True):
+                job.trace_context = context
         plain = [j for j in jobs if j.dedup_key is None and j.unique_key is None]
         await store.insert(NewJobs.of(plain))
         if self.hooks.active:
@@ -285,7 +318,7 @@ class Queue:
             if job.dedup_key is None and job.unique_key is None:
                 ids.append(job.id)
             else:
-                ids.append(await self._insert(store, task, job))
+                ids.append(await self._insert_untraced(store, task, job))
         logger.debug("enqueued %d jobs", len(jobs))
         return ids
 
@@ -541,3 +574,8 @@ def _unique(task: Task[Any], kind: str) -> tuple[float | None, str | None]:
             f"{DEDUP_KEY_MAX_BYTES:,}-byte limit (hash a long identity)"
         )
     return seconds, text
+
+
+def _optional_column(values: Sequence[str | None]) -> list[str | None] | None:
+    """None (sent as one NULL) when no job has a value (a tracer without an SDK behind it)."""
+    return None if all(v is None for v in values) else list(values)

@@ -327,6 +327,7 @@ class Worker(Generic[AppT]):
             prefetch=self.prefetch,
             outage=self._outage,
             limits=limits,
+            traced=any(getattr(mw, "reads_trace_context", False) for mw in self.middleware),
         )
         rescuer = self._rescuer = Rescuer(
             self.store,
@@ -354,11 +355,12 @@ class Worker(Generic[AppT]):
 
             metrics.serve(self.metrics_port, self.metrics_host)
         logger.info(
-            "worker %s starting: queues=%s kinds=%s concurrency=%d",
+            "worker %s starting: queues=%s kinds=%s concurrency=%d pooler=%s",
             identity,
             list(self.queues),
             self.kinds,
             self.concurrency,
+            self.store.pooler,
         )
         background = [
             asyncio.create_task(completer.run(), name="venturi-completer"),
@@ -449,12 +451,13 @@ class Worker(Generic[AppT]):
     def _check_pool(self) -> None:
         """Refuse a pool too small to run on (it would hang, not fail)."""
         size = self.store.pool_max_size
-        need = MIN_POOL_SIZE + (0 if self.store.listens_outside_pool else 1)
+        in_pool = self.store.can_listen and not self.store.listens_outside_pool
+        need = MIN_POOL_SIZE + (1 if in_pool else 0)
         if size < need:
             raise ValueError(
                 f"the store's pool has max_size={size}; a worker needs at least {need} "
                 f"connections (its loops and its handlers' enqueues share them"
-                + ("" if self.store.listens_outside_pool else ", and LISTEN holds one")
+                + (", and LISTEN holds one" if in_pool else "")
                 + "): PostgresStore.connect(..., max_size=N)"
             )
 

@@ -47,6 +47,22 @@ def test_every_manifest_parses_and_is_documented() -> None:
         assert str(path.relative_to(EXAMPLES)) in readme, f"{path} is not in examples/README.md"
 
 
+def test_the_keda_example_agrees_with_the_others(monkeypatch: pytest.MonkeyPatch) -> None:
+    scaled, auth = load("keda/scaledobject.yaml"), load("keda/triggerauthentication.yaml")
+    secret, worker = load("secret.yaml"), load("worker.yaml")
+    assert scaled["spec"]["scaleTargetRef"]["name"] == worker["metadata"]["name"]
+    [trigger] = scaled["spec"]["triggers"]
+    assert trigger["authenticationRef"]["name"] == auth["metadata"]["name"]
+    [ref] = auth["spec"]["secretTargetRef"]
+    assert ref["name"] == secret["metadata"]["name"] and ref["key"] in secret["stringData"]
+    # The query names the kinds the example's workers run; a replica is their concurrency.
+    monkeypatch.syspath_prepend(str(EXAMPLES))
+    built = importlib.import_module("myapp.jobs").make_worker(object())
+    kinds = ", ".join(f"'{k}'" for k in built.kinds)
+    assert trigger["metadata"]["query"] == f"SELECT venturi_backlog('default', ARRAY[{kinds}])"
+    assert trigger["metadata"]["targetQueryValue"] == str(built.concurrency)
+
+
 def test_jobqueue_passes_the_operators_spec_checks() -> None:
     jobqueue = load("jobqueue.yaml")
     assert jobqueue["apiVersion"] == "venturi.dev/v1alpha1"

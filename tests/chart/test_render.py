@@ -246,6 +246,11 @@ def test_max_replicas_reaches_the_operator() -> None:
     assert "--max-replicas=7" in args
 
 
+def test_the_pooler_reaches_the_operator() -> None:
+    args = operator_container(render({"operator": {"pooler": "transaction"}}))["args"]
+    assert "--pooler=transaction" in args
+
+
 def test_rbac_and_service_account_can_be_left_out() -> None:
     docs = render(
         {

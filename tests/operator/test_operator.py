@@ -634,6 +634,16 @@ def test_log_options_come_from_flags_or_the_environment(monkeypatch: pytest.Monk
         parse_args(["-n", NS])
 
 
+def test_the_pooler_comes_from_a_flag_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert parse_args(["-n", NS])[0].pooler == "none"
+    assert parse_args(["-n", NS, "--pooler", "transaction"])[0].pooler == "transaction"
+    monkeypatch.setenv("VENTURI_OPERATOR_POOLER", "transaction")
+    assert parse_args(["-n", NS])[0].pooler == "transaction"
+    monkeypatch.setenv("VENTURI_OPERATOR_POOLER", "pgbouncer")
+    with pytest.raises(SystemExit):
+        parse_args(["-n", NS])
+
+
 async def test_a_changed_dsn_or_a_deleted_jobqueue_closes_what_no_one_uses(
     kube: KubeHarness, store: PostgresStore, pg_dsn: str
 ) -> None:
@@ -747,3 +757,35 @@ async def test_a_scale_in_marks_idle_pods_and_spares_busy_ones(
         )
         assert "2 pods hold jobs" in jq["status"]["pools"][0]["message"]
         assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 2
+
+
+async def test_scales_through_pgbouncer_in_transaction_mode(
+    kube: KubeHarness, store: PostgresStore, pgbouncer_dsn: str
+) -> None:
+    """The JobQueue's DSN goes through PgBouncer (transaction pooling): with pooler=transaction
+    the operator reads the stats through it, and, unable to LISTEN there, ticks on its
+    interval. Without it, PgBouncer refuses the operator's statement timeout."""
+    await Queue(store).enqueue_many(Mail() for _ in range(25))
+    kube.secret(NS, "db", string_data={"dsn": pgbouncer_dsn})
+    worker(kube, "mailer", "mail", replicas=0)
+    kube.jobqueue(NS, "mail", spec(store.prefix))
+    async with operator(kube):
+        jq = await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            "mail",
+            lambda o: condition(o, "DatabaseReachable").get("status") == "False",
+            timeout=TIMEOUT,
+        )
+        assert "unsupported startup parameter" not in json.dumps(jq)  # never the server's text
+        assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 0
+    async with operator(kube, pooler="transaction"):
+        await replicas_become(kube, "mailer", 3)  # ceil(25 / 10), read through PgBouncer
+        jq = await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            "mail",
+            lambda o: condition(o, "DatabaseReachable").get("status") == "True",
+            timeout=TIMEOUT,
+        )
+        assert jq["status"]["stats"]["pendingByKind"] == {"mail": 25}

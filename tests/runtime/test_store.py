@@ -128,6 +128,7 @@ async def test_a_single_job_and_a_batch_store_the_same_row(
         {"run_at": at},
         {"delay_s": 1.5},
         {"lease_s": 60.0, "backoff_base_s": 0.5, "backoff_cap_s": 30.0, "dedup_key": "k"},
+        {"trace_context": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"},
     ]
     pairs: list[tuple[ULID, ULID]] = []
     for shape in shapes:
@@ -156,3 +157,4 @@ async def test_a_single_job_and_a_batch_store_the_same_row(
         assert stored(one, shape) == stored(other, shape), shape
     assert rows[pairs[2][0]]["run_at"] == timedelta(seconds=1.5)  # not truncated to 1 s
     assert rows[pairs[3][0]]["dedup_key"] == "k" and rows[pairs[3][0]]["lease_s"] == 60.0
+    assert rows[pairs[4][0]]["trace_context"] == shapes[4]["trace_context"]

@@ -147,66 +147,34 @@ class Pooled:
     caller would trip over its leftover state ("cannot switch to state 12; another operation
     is in progress"). The pool has no reset query to catch that (the store releases without
     one), so this is where it is caught.
+
+    With `begin` (settings that must not outlive a transaction: through a transaction
+    pooler), each statement and each transaction opens with it instead.
     """
 
-    def __init__(self, pool: Callable[[], asyncpg.Pool], queries: Mapping[str, Statement]) -> None:
+    def __init__(
+        self,
+        pool: Callable[[], asyncpg.Pool],
+        queries: Mapping[str, Statement],
+        *,
+        begin: str | None = None,
+    ) -> None:
         self._pool = pool
         """The pool, or an error when the store is closed."""
         self._q = queries
+        self._begin = begin
+        """SQL that opens a transaction with its settings (`begin_with_timeout`), or None."""
 
-    async def fetch(self, stmt: Statement, /, **values: Any) -> list[asyncpg.Record]:
-        args = stmt.args(values)
+    @asynccontextmanager
+    async def _connection(self) -> AsyncIterator[asyncpg.pool.PoolConnectionProxy[Any]]:
         pool = self._pool()
         conn = await pool.acquire()
         try:
-            return await conn.fetch(stmt.text, *args)
-        except BaseException as exc:
-            discard_if_broken(conn, exc)
-            raise
-        finally:
-            await release(pool, conn)
-
-    async def fetchrow(self, stmt: Statement, /, **values: Any) -> asyncpg.Record | None:
-        args = stmt.args(values)
-        pool = self._pool()
-        conn = await pool.acquire()
-        try:
-            return await conn.fetchrow(stmt.text, *args)
-        except BaseException as exc:
-            discard_if_broken(conn, exc)
-            raise
-        finally:
-            await release(pool, conn)
-
-    async def fetchval(self, stmt: Statement, /, **values: Any) -> Any:
-        args = stmt.args(values)
-        pool = self._pool()
-        conn = await pool.acquire()
-        try:
-            return await conn.fetchval(stmt.text, *args)
-        except BaseException as exc:
-            discard_if_broken(conn, exc)
-            raise
-        finally:
-            await release(pool, conn)
-
-    async def execute(self, stmt: Statement, /, **values: Any) -> None:
-        args = stmt.args(values)
-        pool = self._pool()
-        conn = await pool.acquire()
-        try:
-            await conn.execute(stmt.text, *args)
-        except BaseException as exc:
-            discard_if_broken(conn, exc)
-            raise
-        finally:
-            await release(pool, conn)
-
-    async def script(self, text: str) -> None:
-        pool = self._pool()
-        conn = await pool.acquire()
-        try:
-            await conn.execute(text)
+            if self._begin is None:
+                yield conn
+            else:
+                async with self._opened(conn):
+                    yield conn
         except BaseException as exc:
             discard_if_broken(conn, exc)
             raise
@@ -214,12 +182,51 @@ class Pooled:
             await release(pool, conn)
 
     @asynccontextmanager
+    async def _opened(self, conn: asyncpg.pool.PoolConnectionProxy[Any]) -> AsyncIterator[None]:
+        """A transaction opened by `begin`, committed, or rolled back on an error that left
+        the connection usable (a broken one is discarded by the caller)."""
+        assert self._begin is not None
+        await conn.execute(self._begin)
+        try:
+            yield
+        except BaseException as exc:
+            if not breaks_connection(exc):
+                await conn.execute(self._q["rollback"].text)
+            raise
+        await conn.execute(self._q["commit"].text)
+
+    async def fetch(self, stmt: Statement, /, **values: Any) -> list[asyncpg.Record]:
+        args = stmt.args(values)
+        async with self._connection() as conn:
+            return await conn.fetch(stmt.text, *args)
+
+    async def fetchrow(self, stmt: Statement, /, **values: Any) -> asyncpg.Record | None:
+        args = stmt.args(values)
+        async with self._connection() as conn:
+            return await conn.fetchrow(stmt.text, *args)
+
+    async def fetchval(self, stmt: Statement, /, **values: Any) -> Any:
+        args = stmt.args(values)
+        async with self._connection() as conn:
+            return await conn.fetchval(stmt.text, *args)
+
+    async def execute(self, stmt: Statement, /, **values: Any) -> None:
+        args = stmt.args(values)
+        async with self._connection() as conn:
+            await conn.execute(stmt.text, *args)
+
+    async def script(self, text: str) -> None:
+        async with self._connection() as conn:
+            await conn.execute(text)
+
+    @asynccontextmanager
     async def transaction(self) -> AsyncIterator[Runner]:
         """A pooled connection inside a transaction, discarded if it breaks."""
         pool = self._pool()
         conn = await pool.acquire()
         try:
-            async with conn.transaction():
+            tx = conn.transaction() if self._begin is None else self._opened(conn)
+            async with tx:
                 yield OnConnection(conn, self._q)
         except BaseException as exc:
             discard_if_broken(conn, exc)

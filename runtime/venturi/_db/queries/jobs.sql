@@ -13,15 +13,17 @@
 -- costs about 25 us a statement).
 WITH inserted AS (
     INSERT INTO {prefix}_jobs (id, kind, queue, priority, run_at, payload,
-                               lease_s, backoff_base_s, backoff_cap_s, dedup_key)
+                               lease_s, backoff_base_s, backoff_cap_s, dedup_key, trace_context)
     SELECT r.id, r.kind, :queue, r.priority,
            coalesce(r.run_at, now() + make_interval(secs => coalesce(r.delay_s, 0))),
-           r.payload::jsonb, r.lease_s, r.backoff_base_s, r.backoff_cap_s, r.dedup_key
+           r.payload::jsonb, r.lease_s, r.backoff_base_s, r.backoff_cap_s, r.dedup_key,
+           r.trace_context
     FROM unnest(:ids::uuid[], :kinds::text[], :priorities::smallint[], :run_at::timestamptz[],
                 :delay_s::float8[], :payloads::text[], :lease_s::float8[],
-                :backoff_base_s::float8[], :backoff_cap_s::float8[], :dedup_keys::text[])
+                :backoff_base_s::float8[], :backoff_cap_s::float8[], :dedup_keys::text[],
+                :trace_contexts::text[])
          AS r(id, kind, priority, run_at, delay_s, payload,
-              lease_s, backoff_base_s, backoff_cap_s, dedup_key)
+              lease_s, backoff_base_s, backoff_cap_s, dedup_key, trace_context)
 )
 SELECT pg_notify(:channel, w.kind) FROM unnest(:wake_kinds::text[]) AS w(kind);
 
@@ -32,11 +34,12 @@ SELECT pg_notify(:channel, w.kind) FROM unnest(:wake_kinds::text[]) AS w(kind);
 -- checks that both store the same row).
 WITH inserted AS (
     INSERT INTO {prefix}_jobs (id, kind, queue, priority, run_at, payload,
-                               lease_s, backoff_base_s, backoff_cap_s, dedup_key)
+                               lease_s, backoff_base_s, backoff_cap_s, dedup_key, trace_context)
     -- The delay's cast: coalesce(:delay_s, 0) alone would type it integer (1.2 s -> 1 s).
     VALUES (:id, :kind, :queue, :priority,
             coalesce(:run_at, now() + make_interval(secs => coalesce(:delay_s::float8, 0))),
-            :payload::text::jsonb, :lease_s, :backoff_base_s, :backoff_cap_s, :dedup_key)
+            :payload::text::jsonb, :lease_s, :backoff_base_s, :backoff_cap_s, :dedup_key,
+            :trace_context)
     RETURNING kind
 )
 SELECT pg_notify(:channel, kind) FROM inserted;
@@ -45,11 +48,18 @@ SELECT pg_notify(:channel, kind) FROM inserted;
 -- Claim up to :n eligible jobs of the queues :queues, in their order, of the kinds :kinds
 -- (see the function's definition in migration 0004 for the claim order, the tier
 -- reservations :reserved_low/:reserved_normal and the lease announcement :held_lease_s on
--- :channel). Rows come back in claim order.
-SELECT id, kind, queue, payload, carry, run_count, failures, claim_token, lease_s,
-       backoff_base_s, backoff_cap_s, waited_s, history
+-- :channel). Rows come back in claim order. With :traced (a worker that traces its runs),
+-- each job's stored trace context too: one primary-key probe per job, never made otherwise.
+-- The probe reads with the statement's snapshot, which can predate a job the function
+-- claims (its queries take their own): such a job's context reads NULL and its span is
+-- simply not linked (the context never changes after the insert, so nothing else differs).
+SELECT c.id, c.kind, c.queue, c.payload, c.carry, c.run_count, c.failures, c.claim_token,
+       c.lease_s, c.backoff_base_s, c.backoff_cap_s, c.waited_s, c.history,
+       CASE WHEN :traced::bool THEN
+           (SELECT j.trace_context FROM {prefix}_jobs AS j WHERE j.id = c.id) END
+           AS trace_context
 FROM {prefix}_claim_v1(:queues, :kinds, :n, :reserved_low, :reserved_normal, :worker, :pod,
-                       :default_lease_s, :held_lease_s, :channel);
+                       :default_lease_s, :held_lease_s, :channel) AS c;
 
 -- job_settle_many --
 -- Settle a batch of outcomes and write their journal rows in one statement. Each row is

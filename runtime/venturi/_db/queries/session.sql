@@ -14,3 +14,15 @@ RELEASE SAVEPOINT venturi;
 
 -- savepoint_rollback --
 ROLLBACK TO SAVEPOINT venturi;
+
+-- begin_with_timeout --
+-- Through a transaction pooler a session setting would stay on whichever server connection
+-- ran it, so a statement timeout is set per transaction: BEGIN and SET LOCAL in one round
+-- trip (the simple protocol, so no parameters: the store writes in the integer).
+BEGIN; SET LOCAL statement_timeout = {statement_timeout_ms};
+
+-- commit --
+COMMIT;
+
+-- rollback --
+ROLLBACK;

@@ -1,0 +1,251 @@
+"""Through PgBouncer in transaction pooling mode (`pooler="transaction"`): the harness starts
+Debian's `pgbouncer` in front of the test PostgreSQL, and everything a deployment does goes
+through it: migrations, enqueue (plain, batched, deduplicated, in the caller's transaction),
+claim and settle by a worker (polling, or woken by LISTEN on a direct `listen_dsn`), a real
+`venturi worker` process, and the operator's reads (stats, claims per pod)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import pytest
+
+from venturi import (
+    Context,
+    DedupKey,
+    JobStatus,
+    Outcome,
+    PostgresStore,
+    Queue,
+    Task,
+    Worker,
+)
+from venturi._db import sql
+
+from .cli_app import Echo
+from .helpers import running, until, until_status
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass
+class Step(Task):
+    KIND = "pooler.step"
+    n: int
+
+
+@dataclass
+class Keyed(Task):
+    KIND = "pooler.keyed"
+    key: str
+    n: int = 0
+
+    def dedup_key(self) -> DedupKey | None:
+        return DedupKey(self.key)
+
+
+@pytest.fixture
+async def pooled(pgbouncer_dsn: str, prefix: str) -> AsyncIterator[PostgresStore]:
+    """A store through PgBouncer, migrated through it, with a statement timeout (which it
+    can only set per transaction there)."""
+    store = await PostgresStore.connect(
+        pgbouncer_dsn, prefix=prefix, pooler="transaction", statement_timeout=30, max_size=10
+    )
+    try:
+        assert await store.migrate()  # every migration, under a transaction-scoped lock
+        yield store
+    finally:
+        await store.close()
+
+
+async def _bouncer_connection(dsn: str) -> asyncpg.Connection[Any]:
+    return await asyncpg.connect(dsn, statement_cache_size=0)
+
+
+async def test_the_harness_pools_by_transaction(pgbouncer_dsn: str) -> None:
+    """What venturi must not rely on: session state set by one client of PgBouncer is seen
+    by another, and a named prepared statement is gone in the next transaction."""
+    first, second = await _bouncer_connection(pgbouncer_dsn), await asyncpg.connect(pgbouncer_dsn)
+    try:
+        await first.execute("SET application_name = 'leaked'")
+        # PgBouncer hands out its most recently used server connection: the first's.
+        assert await second.fetchval("SELECT current_setting('application_name')") == "leaked"
+
+        async def named_statements() -> None:
+            for n in range(20):  # asyncpg's named statements, across two clients' turns
+                await asyncio.gather(
+                    second.fetchval("SELECT $1::int", n), first.fetchval("SELECT 1")
+                )
+                await second.fetchval("SELECT $1::int", n)
+
+        with pytest.raises(asyncpg.PostgresError, match="prepared statement"):
+            await named_statements()
+    finally:
+        await first.close()
+        await second.close()
+
+
+async def test_statement_timeout_is_set_per_transaction(pgbouncer_dsn: str, prefix: str) -> None:
+    # As a startup parameter (what a direct connection gets) PgBouncer refuses it outright.
+    with pytest.raises(asyncpg.PostgresError, match="unsupported startup parameter"):
+        await PostgresStore.connect(pgbouncer_dsn, prefix=prefix, statement_timeout=2)
+    store = await PostgresStore.connect(
+        pgbouncer_dsn, prefix=prefix, pooler="transaction", statement_timeout=0.5
+    )
+    probe = sql.compile_statement("probe", "SELECT current_setting('statement_timeout')")
+    sleep = sql.compile_statement("sleep", "SELECT pg_sleep(5)")
+    try:
+        assert await store._run.fetchval(probe) == "500ms"
+        async with store._run.transaction() as tx:
+            assert await tx.fetchval(probe) == "500ms"
+        with pytest.raises(asyncpg.QueryCanceledError):
+            await store._run.fetchval(sleep)
+        # ... and never outlives its transaction on the server connection others get next.
+        other = await _bouncer_connection(pgbouncer_dsn)
+        try:
+            assert await other.fetchval(probe.text) == "0"
+        finally:
+            await other.close()
+    finally:
+        await store.close()
+
+
+async def test_enqueue_claim_settle_and_dedup_through_the_pooler(pooled: PostgresStore) -> None:
+    queue = Queue(pooled)
+    ran: list[int] = []
+
+    async def handle(task: Step, ctx: Context[None], app: None) -> Outcome:
+        ran.append(task.n)
+        return Outcome.completed(note=str(task.n))
+
+    async def keyed(task: Keyed, ctx: Context[None], app: None) -> None:
+        pass
+
+    first = await queue.enqueue(Keyed("k", 1))
+    assert await queue.enqueue(Keyed("k", 2)) == first  # merged into the pending job
+    [job] = [j for j in await queue.jobs() if j.kind == Keyed.KIND]
+    assert job.payload == {"key": "k", "n": 2}
+    single = await queue.enqueue(Step(0))
+    many = await queue.enqueue_many([Step(n) for n in range(1, 200)])
+    stats = await queue.stats()
+    assert stats.pending_by_kind == {Step.KIND: 200, Keyed.KIND: 1}
+
+    worker = Worker(None, pooled, concurrency=8, poll_max=0.2)
+    worker.register(Step, handle)
+    worker.register(Keyed, keyed)
+    assert pooled.can_listen is False
+    async with running(worker):
+
+        async def drained() -> bool:
+            s = await queue.stats()
+            return not s.pending_by_kind and not s.claimed_by_kind
+
+        await until(drained)
+    assert sorted(ran) == list(range(200))
+    for job_id in (single, *many, first):
+        fetched = await queue.job(job_id)
+        assert fetched is not None and fetched.status is JobStatus.COMPLETED
+    assert (await queue.stats()).completed_by_kind == {Step.KIND: 200, Keyed.KIND: 1}
+    assert await queue.claimed_by_pod() == {}
+
+
+async def test_transactional_enqueue_through_the_pooler(
+    pooled: PostgresStore, pgbouncer_dsn: str
+) -> None:
+    queue = Queue(pooled)
+    conn = await _bouncer_connection(pgbouncer_dsn)
+    try:
+        async with conn.transaction():
+            kept = await queue.enqueue(Step(1), conn=conn)
+            await queue.enqueue(Keyed("t"), conn=conn)
+            assert await queue.job(kept) is None  # not committed yet
+        dropped = None
+        try:
+            async with conn.transaction():
+                dropped = await queue.enqueue(Step(2), conn=conn)
+                raise RuntimeError("undo")
+        except RuntimeError:
+            pass
+        assert dropped is not None
+    finally:
+        await conn.close()
+    assert (job := await queue.job(kept)) is not None and job.status is JobStatus.PENDING
+    assert await queue.job(dropped) is None
+    assert (await queue.stats()).pending_by_kind == {Step.KIND: 1, Keyed.KIND: 1}
+
+
+async def test_listen_dsn_wakes_a_worker_behind_the_pooler(
+    pgbouncer_dsn: str, pg_dsn: str, prefix: str
+) -> None:
+    store = await PostgresStore.connect(
+        pgbouncer_dsn, prefix=prefix, pooler="transaction", listen_dsn=pg_dsn
+    )
+    try:
+        await store.migrate()
+        assert store.can_listen and store.listens_outside_pool
+        ran = asyncio.Event()
+
+        async def handle(task: Step, ctx: Context[None], app: None) -> None:
+            ran.set()
+
+        # poll_max longer than the test's timeout: only the NOTIFY, sent through PgBouncer
+        # and heard on the direct connection, can wake the idle worker in time.
+        worker = Worker(None, store, poll_max=120.0)
+        worker.register(Step, handle)
+        async with running(worker):
+            await Queue(store).enqueue(Step(1))
+            await asyncio.wait_for(ran.wait(), timeout=30)
+    finally:
+        await store.close()
+
+
+async def test_without_listen_dsn_the_store_refuses_to_listen(pooled: PostgresStore) -> None:
+    with pytest.raises(TypeError, match="listen_dsn"):
+        async with pooled.listen(lambda _kind: None, lambda: None):
+            pass
+    with pytest.raises(ValueError, match="pooler: expected one of none, transaction"):
+        await PostgresStore.connect("postgresql://x@127.0.0.1:1/x", pooler="pgbouncer")  # type: ignore[arg-type]
+
+
+async def test_a_venturi_worker_process_drains_through_the_pooler(
+    pooled: PostgresStore, pgbouncer_dsn: str
+) -> None:
+    queue = Queue(pooled)
+    ids = await queue.enqueue_many([Echo(text=str(n)) for n in range(50)])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VENTURI_", "PG"))}
+    env |= {
+        "VENTURI_DSN": pgbouncer_dsn,
+        "VENTURI_PREFIX": pooled.prefix,
+        "VENTURI_POOLER": "transaction",
+    }
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "venturi",
+        "worker",
+        "tests.runtime.cli_app:make_worker",
+        "--stop-when-empty",
+        cwd=ROOT,
+        env=env,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert await asyncio.wait_for(proc.wait(), timeout=60) == 0
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGKILL)
+            await proc.wait()
+    assert proc.stderr is not None
+    stderr = (await proc.stderr.read()).decode()
+    assert "pooler=transaction" in stderr and "by polling" in stderr, stderr
+    for job_id in ids:
+        await until_status(queue, job_id, JobStatus.COMPLETED)
+    assert (await queue.stats()).completed_by_kind == {Echo.KIND: 50}
