@@ -25,11 +25,13 @@ from venturi.jobs import (
     JournalOutcome,
     Stats,
 )
+from venturi.maintenance import MaintenanceService, Retention
 from venturi.merge import DedupKey, Merge, Pending
 from venturi.middleware import CallNext, Middleware
 from venturi.outcome import Outcome, PanicPolicy, TaskError
 from venturi.postgres import PostgresStore
 from venturi.queue import Queue
+from venturi.registry import WorkerInfo
 from venturi.task import Priority, Task
 from venturi.worker import Worker
 
@@ -52,6 +54,7 @@ __all__ = [
     "JournalEntry",
     "JournalOutcome",
     "JsonCodec",
+    "MaintenanceService",
     "Merge",
     "Middleware",
     "Outcome",
@@ -61,6 +64,7 @@ __all__ = [
     "PostgresStore",
     "Priority",
     "Queue",
+    "Retention",
     "SchemaError",
     "Stats",
     "StoreClosedError",
@@ -69,4 +73,5 @@ __all__ = [
     "VenturiError",
     "Worker",
     "WorkerIdentity",
+    "WorkerInfo",
 ]

@@ -3,6 +3,7 @@
     venturi migrate                          apply the schema (idempotent)
     venturi worker MODULE:FACTORY            run a worker built by FACTORY(store)
     venturi stats                            live counts by kind
+    venturi workers                          the running workers (the registry)
     venturi jobs [--status S] [--kind K]     list jobs, newest first
     venturi journal JOB_ID                   one job's journal
     venturi cleanup --older-than 7d          delete finished jobs (and their journal)
@@ -46,6 +47,7 @@ from venturi.errors import SchemaError
 from venturi.jobs import CleanupCriteria, Job, JobFilter, JobStatus, JournalEntry, Stats
 from venturi.postgres import DEFAULT_PREFIX, PostgresStore
 from venturi.queue import Queue
+from venturi.registry import WorkerInfo
 from venturi.worker import Worker
 
 _DURATION = re.compile(r"(?P<n>\d+(?:\.\d+)?)(?P<unit>s|m|h|d|w)")
@@ -147,6 +149,9 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser("stats", parents=[common], help="live counts by kind")
+    sub.add_parser(
+        "workers", parents=[common], help="the running workers, and pending kinds none serves"
+    )
 
     jobs = sub.add_parser("jobs", parents=[common], help="list jobs, newest first")
     jobs.add_argument("--status", choices=[s.value for s in JobStatus])
@@ -200,6 +205,14 @@ async def _run(args: argparse.Namespace) -> int:
         elif args.command == "stats":
             stats = await queue.stats()
             _out(args, _stats_json(stats), _stats_text(stats))
+        elif args.command == "workers":
+            workers = await queue.workers()
+            unserved = await queue.unserved_kinds()
+            _out(
+                args,
+                {"workers": [_worker_json(w) for w in workers], "unserved_kinds": unserved},
+                _workers_text(workers, unserved),
+            )
         elif args.command == "jobs":
             found = await queue.jobs(
                 JobFilter(
@@ -357,6 +370,49 @@ def _stats_text(s: Stats) -> str:
             )
         )
     return _table(rows)
+
+
+def _worker_json(w: WorkerInfo) -> dict[str, Any]:
+    return {
+        "id": w.id,
+        "host": w.host,
+        "pid": w.pid,
+        "pod": w.pod,
+        "queues": list(w.queues),
+        "kinds": list(w.kinds),
+        "unknown_kinds": w.unknown_kinds,
+        "concurrency": w.concurrency,
+        "heartbeat": w.heartbeat,
+        "started_at": w.started_at.isoformat(),
+        "last_seen": w.last_seen.isoformat(),
+        "live": w.live,
+        "leader": w.leader,
+    }
+
+
+def _workers_text(workers: list[WorkerInfo], unserved: dict[str, list[str]]) -> str:
+    lines = []
+    if not workers:
+        lines.append("no workers registered")
+    else:
+        now = datetime.now(UTC)
+        rows = [("WORKER", "QUEUES", "KINDS", "CONC", "STARTED", "LAST SEEN", "STATE")]
+        for w in workers:
+            rows.append(
+                (
+                    w.id,
+                    ",".join(w.queues),
+                    ",".join(w.kinds) + (" (+any: fail)" if w.unknown_kinds == "fail" else ""),
+                    str(w.concurrency),
+                    w.started_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    _age(max(0.0, (now - w.last_seen).total_seconds())) + " ago",
+                    "leader" if w.leader else "live" if w.live else "silent",
+                )
+            )
+        lines.append(_table(rows))
+    for queue, kinds in sorted(unserved.items()):
+        lines.append(f"queue {queue}: pending kinds no live worker serves: {', '.join(kinds)}")
+    return "\n".join(lines)
 
 
 def _age(seconds: float | None) -> str:

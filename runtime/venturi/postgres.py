@@ -29,6 +29,8 @@ from ulid import ULID
 from venturi import _dsn
 from venturi._db import sql
 from venturi._db.failures import breaks_connection
+from venturi._db.leadership import Leadership
+from venturi._db.registry import Registry
 from venturi._db.run import CallersConnection, Pooled, Runner, detached, release
 from venturi._db.run import Connection as Connection  # the caller's: see `using`
 from venturi._records import (
@@ -53,6 +55,7 @@ from venturi.jobs import (
     JournalOutcome,
     Stats,
 )
+from venturi.registry import WorkerInfo
 
 DEFAULT_PREFIX = "venturi"
 
@@ -244,6 +247,16 @@ class PostgresStore:
     @property
     def prefix(self) -> str:
         return self._prefix
+
+    @property
+    def registry(self) -> Registry:
+        """The worker registry's statements (`_db/registry.py`), on this store's runner."""
+        return Registry(self._run, self._q)
+
+    @property
+    def leadership(self) -> Leadership:
+        """The leader lease's statements (`_db/leadership.py`), on this store's runner."""
+        return Leadership(self._run, self._q)
 
     @property
     def pool_max_size(self) -> int:
@@ -819,6 +832,16 @@ class PostgresStore:
             oldest_pending_age_by_kind=oldest,
             completed_by_kind=completed,
         )
+
+    @_schema_required
+    async def workers(self) -> list[WorkerInfo]:
+        """Every registered worker, oldest first (see `venturi.registry`)."""
+        return await self.registry.workers()
+
+    @_schema_required
+    async def unserved_kinds(self) -> dict[str, list[str]]:
+        """Queue -> pending KINDs that no live worker serving that queue registers."""
+        return await self.registry.unserved_kinds()
 
     @_schema_required
     async def claimed_by_pod(self) -> dict[str, int]:
