@@ -136,6 +136,12 @@ def _parser() -> argparse.ArgumentParser:
         "--queue",
         help="queues to serve, in order, comma-separated (default: the factory's Worker's)",
     )
+    worker.add_argument(
+        "--unknown-kinds",
+        choices=["wait", "fail"],
+        help="a job of a kind with no task: leave it pending (wait) or fail it for good "
+        "(fail); default: the factory's Worker's (wait)",
+    )
     mode = worker.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="run the jobs due now, then exit")
     mode.add_argument(
@@ -277,6 +283,8 @@ async def _worker(args: argparse.Namespace, store: PostgresStore) -> None:
             raise UsageError(f"worker: {exc}") from None
         if len(set(built.queues)) != len(built.queues):
             raise UsageError(f"worker: --queue names a queue twice: {args.queue!r}")
+    if args.unknown_kinds is not None:
+        built.unknown_kinds = args.unknown_kinds
     await store.check_schema()  # before saying "serving" (run() checks again)
     shutdown = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -500,7 +500,7 @@ class PostgresStore:
         self,
         *,
         queues: Sequence[str],
-        kinds: Sequence[str],
+        kinds: Sequence[str] | None,
         limit: int,
         worker: str,
         pod: str | None,
@@ -508,8 +508,10 @@ class PostgresStore:
         reserved_low: int = 0,
         reserved_normal: int = 0,
         held_lease_s: float | None = None,
+        skip_kinds: Sequence[str] = (),
     ) -> list[ClaimedJob]:
-        """Claim up to `limit` jobs of `queues`, emptying them in that order (one statement);
+        """Claim up to `limit` jobs of `queues`, emptying them in that order (one statement),
+        of `kinds` (None: every kind but `skip_kinds`);
         within a queue `reserved_low` of the slots go to LOW jobs first and `reserved_normal`
         to NORMAL-or-LOW ones (anti-starvation), the rest to any tier.
 
@@ -521,7 +523,8 @@ class PostgresStore:
         rows = await self._run.fetch(
             self._q["job_claim"],
             queues=list(queues),
-            kinds=list(kinds),
+            kinds=None if kinds is None else list(kinds),
+            skip_kinds=list(skip_kinds),
             n=limit,
             reserved_low=reserved_low,
             reserved_normal=reserved_normal,
@@ -654,6 +657,13 @@ class PostgresStore:
     async def next_due(self, kinds: Sequence[str]) -> float | None:
         """Seconds until the next scheduled job of these kinds becomes eligible."""
         value: float | None = await self._run.fetchval(self._q["job_next_due"], kinds=list(kinds))
+        return value
+
+    async def next_due_in_queues(self, queues: Sequence[str]) -> float | None:
+        """Seconds until the next scheduled job of these queues (any kind) becomes eligible."""
+        value: float | None = await self._run.fetchval(
+            self._q["job_next_due_in_queues"], queues=list(queues)
+        )
         return value
 
     @asynccontextmanager

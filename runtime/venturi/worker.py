@@ -54,6 +54,7 @@ from venturi.maintenance import MaintenanceService, Retention
 from venturi.middleware import Middleware, compose
 from venturi.outcome import Outcome, PanicPolicy
 from venturi.postgres import PostgresStore
+from venturi.registry import UnknownKinds
 from venturi.task import Task, carry_type_of, kind_of
 
 logger = logging.getLogger(__name__)
@@ -110,6 +111,10 @@ class Worker(Generic[AppT]):
       among the workers (`venturi.maintenance`); the registry's sweep always runs.
     - `retention`: how long finished jobs are kept (`Retention`); None (the default) keeps
       every job. Give every worker of a prefix the same: whichever leads applies its own.
+    - `unknown_kinds`: a job of a kind this worker has no task for is left pending for a
+      worker that has one ("wait", the default: safe while a deploy rolls out a new task),
+      or claimed and failed for good at once with "no task registered for kind X" ("fail").
+      Either way `Queue.unserved_kinds()` lists pending kinds no live worker serves.
     """
 
     def __init__(
@@ -138,6 +143,7 @@ class Worker(Generic[AppT]):
         codec: Codec = DEFAULT_CODEC,
         maintenance: Sequence[MaintenanceService] = (),
         retention: Retention | None = None,
+        unknown_kinds: UnknownKinds = "wait",
     ) -> None:
         if concurrency is None:
             concurrency = default_concurrency()
@@ -160,6 +166,8 @@ class Worker(Generic[AppT]):
             if not callable(mw):
                 raise TypeError(f"middleware: expected async callables, got {mw!r}")
         services = _services(maintenance, retention)
+        if unknown_kinds not in ("wait", "fail"):
+            raise ValueError(f"unknown_kinds: expected 'wait' or 'fail', got {unknown_kinds!r}")
         self.app = app
         self.store = store
         self.concurrency = settings.concurrency
@@ -182,6 +190,7 @@ class Worker(Generic[AppT]):
         self.metrics_port = settings.metrics_port
         self.metrics_host = settings.metrics_host
         self.maintenance = services
+        self.unknown_kinds: UnknownKinds = unknown_kinds
         self._registry: dict[str, Registration] = {}
         self._started = False
         self._outage = Outage(str(self.identity))
@@ -316,6 +325,7 @@ class Worker(Generic[AppT]):
             prefetch=self.prefetch,
             outage=self._outage,
             limits=limits,
+            every_kind=self.unknown_kinds == "fail",
         )
         rescuer = self._rescuer = Rescuer(
             self.store,
@@ -457,7 +467,7 @@ class Worker(Generic[AppT]):
             pod=self.identity.pod,
             queues=list(self.queues),
             kinds=self.kinds,
-            unknown_kinds="wait",
+            unknown_kinds=self.unknown_kinds,
             concurrency=self.concurrency,
             heartbeat_s=HEARTBEAT,
         )
