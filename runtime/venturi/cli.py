@@ -404,13 +404,14 @@ def _workers_text(workers: list[WorkerInfo], unserved: dict[str, list[str]]) -> 
         lines.append("no workers registered")
     else:
         now = datetime.now(UTC)
-        rows = [("WORKER", "QUEUES", "KINDS", "CONC", "STARTED", "LAST SEEN", "STATE")]
+        rows = [("WORKER", "QUEUES", "KINDS", "UNKNOWN", "CONC", "STARTED", "LAST SEEN", "STATE")]
         for w in workers:
             rows.append(
                 (
                     w.id,
                     ",".join(w.queues),
-                    ",".join(w.kinds) + (" (+any: fail)" if w.unknown_kinds == "fail" else ""),
+                    ",".join(w.kinds),
+                    w.unknown_kinds,
                     str(w.concurrency),
                     w.started_at.strftime("%Y-%m-%d %H:%M:%S"),
                     _age(max(0.0, (now - w.last_seen).total_seconds())) + " ago",

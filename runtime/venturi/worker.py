@@ -9,7 +9,9 @@ The worker holds the settings, the registrations and the lifecycle; the work is 
 parts, one concern each: the producer (`_producer`: claims from the worker's queues in
 order), the runner (`_runner`: the jobs it holds and their runs, through the executor and
 its middleware), the completer (batched settlements), the renewer (leases), the notifier
-(LISTEN wake-ups) and the rescuer (expired leases).
+(LISTEN wake-ups), the rescuer (expired leases), the heartbeat (`_registry`: its row in the
+worker registry) and the maintainer (`_maintenance`: the leader election, and the leader's
+maintenance services).
 
 No part ends because the database went away: each retries (backoff capped at a second,
 the outage logged once) and resumes as soon as any of them gets through. Only a bug in

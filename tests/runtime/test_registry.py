@@ -175,7 +175,7 @@ async def test_the_workers_command_lists_workers_and_unserved_kinds(
         text = venturi("workers", dsn=pg_dsn, prefix=prefix).stdout
         head, row, unserved = text.strip().splitlines()
         assert head.startswith("WORKER") and head.split()[-1] == "STATE"
-        assert row.split()[:4] == [str(worker.identity), "default", "registry.known", "2"]
+        assert row.split()[:5] == [str(worker.identity), "default", "registry.known", "wait", "2"]
         assert row.split()[-1] == "leader"
         assert unserved == "queue default: pending kinds no live worker serves: registry.stranger"
         data = json.loads(venturi("workers", "--json", dsn=pg_dsn, prefix=prefix).stdout)

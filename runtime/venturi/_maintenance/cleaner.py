@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 from datetime import UTC, datetime
 
+from venturi.backoff import to_seconds
 from venturi.jobs import CleanupCriteria, JobStatus
 from venturi.maintenance import Retention
 from venturi.postgres import PostgresStore
@@ -21,11 +22,7 @@ class RetentionCleaner:
     def __init__(self, retention: Retention) -> None:
         self._ages = retention.ages()
         self._batch = retention.batch_size
-        self.interval = float(
-            retention.interval
-            if isinstance(retention.interval, int | float)
-            else retention.interval.total_seconds()
-        )
+        self.interval = to_seconds(retention.interval, name="Retention.interval", low=0.01)
 
     async def run_once(self, store: PostgresStore) -> None:
         now = datetime.now(UTC)

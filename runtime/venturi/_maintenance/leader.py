@@ -20,9 +20,10 @@ Why a table and not a session advisory lock (`pg_try_advisory_lock` on a held co
   on its own clock before then.
 
 Fencing by term: the leader acts only while `deadline` (the time it *sent* its last
-successful renewal, plus `TTL`) has not passed, and the database's lease ends `TTL` after
-the renewal *ran*, which is later; no one else can take the lease before it ends, so two
-leaders' actions never overlap (clocks on both sides run at the same rate over seconds).
+successful renewal, plus `TTL - MARGIN`) has not passed, and the database's lease ends `TTL`
+after the renewal *ran*, which is later still; no one else can take the lease before it
+ends, so two leaders' actions never overlap (clocks on both sides run at the same rate over
+seconds, and `MARGIN` leaves a cancelled statement time to be aborted on the server).
 A renewal must name the term it renews: a leader that lapsed, even one that got the lease
 back, gets a new term, and its services are restarted, never continued under a term that
 someone else may have held in between.
@@ -47,6 +48,9 @@ TTL = 5.0
 """Seconds a lease is valid unrenewed: how long a dead leader's lease outlives it."""
 RENEW_EVERY = TTL / 3
 """Seconds between a leader's renewals: two can fail in a row without losing the lease."""
+MARGIN = TTL / 5
+"""Seconds before its lease could end that a leader stops acting: room for the cancelled
+service statements to be aborted on the server before anyone else can lead."""
 FOLLOWER_MAX_WAIT = TTL
 """Longest a follower waits between attempts (a lease it read may have been resigned)."""
 EXPIRY_SLACK = 0.05
@@ -70,6 +74,7 @@ class Elector:
         self._on_elected = on_elected
         self._on_deposed = on_deposed
         self._ttl = ttl
+        self._margin = ttl * MARGIN / TTL
         self._loop = asyncio.get_running_loop()
         self.term: int | None = None
         """The term this worker leads (None: it does not lead)."""
@@ -110,11 +115,11 @@ class Elector:
                 if self.term is not None:
                     self._depose(f"its lease lapsed (now term {attempt.term})")
                 self.term = attempt.term
-                self.deadline = now + self._ttl
+                self.deadline = now + self._ttl - self._margin
                 logger.info("worker %s leads (term %d)", self._worker, attempt.term)
                 self._on_elected(attempt.term)
             else:
-                self.deadline = now + self._ttl
+                self.deadline = now + self._ttl - self._margin
             await self._wait(RENEW_EVERY * self._ttl / TTL)
 
     def _attempt_timeout(self, now: float) -> float:
