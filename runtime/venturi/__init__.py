@@ -28,11 +28,13 @@ from venturi.jobs import (
     JournalOutcome,
     Stats,
 )
+from venturi.maintenance import MaintenanceService, Retention
 from venturi.merge import DedupKey, Merge, Pending
 from venturi.middleware import CallNext, Middleware
 from venturi.outcome import Outcome, PanicPolicy, TaskError
 from venturi.postgres import PostgresStore
 from venturi.queue import Queue
+from venturi.registry import WorkerInfo
 from venturi.task import Priority, Task
 from venturi.worker import Worker
 
@@ -58,6 +60,7 @@ __all__ = [
     "JournalOutcome",
     "JsonCodec",
     "KeyRing",
+    "MaintenanceService",
     "Merge",
     "Middleware",
     "Outcome",
@@ -67,6 +70,7 @@ __all__ = [
     "PostgresStore",
     "Priority",
     "Queue",
+    "Retention",
     "SchemaError",
     "SealedCodec",
     "Stats",
@@ -76,4 +80,5 @@ __all__ = [
     "VenturiError",
     "Worker",
     "WorkerIdentity",
+    "WorkerInfo",
 ]

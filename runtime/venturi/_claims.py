@@ -2,8 +2,9 @@
 
 - `prefetch_depth`: how many jobs to hold ahead of free slots (short jobs only).
 - `claim_groups`: which kinds to claim together and how many: the uncapped kinds in one
-  request, each capped kind in its own, never past its cap or the free slots (capped kinds
-  are never prefetched, so their work stays pending rather than claimed-and-idle).
+  request (or every kind but the capped ones, for a worker that fails unknown kinds), each
+  capped kind in its own, never past its cap or the free slots (capped kinds are never
+  prefetched, so their work stays pending rather than claimed-and-idle).
 - `plan_slots`: weighted-slot anti-starvation, which tiers each claimed slot may take.
 
 The queues a worker serves are not planned here: one claim statement takes them in order.
@@ -50,13 +51,19 @@ def claim_groups(
     running: Mapping[str, int],
     free: int,
     limit: int,
-) -> list[tuple[list[str], int]]:
+    every_kind: bool = False,
+) -> list[tuple[list[str] | None, int]]:
     """The claim requests of one round, as (kinds, most jobs): the uncapped kinds together
     up to `limit` (free slots plus prefetch room), then each capped kind below its cap, up
-    to its remaining cap and the free slots. Kinds at their cap are left out."""
-    groups: list[tuple[list[str], int]] = []
+    to its remaining cap and the free slots. Kinds at their cap are left out.
+
+    `every_kind` (a worker that fails the kinds it has no task for): the first request is
+    for every kind but the capped ones (None), whether or not any uncapped kind is known."""
+    groups: list[tuple[list[str] | None, int]] = []
     uncapped = [k for k in kinds if caps.get(k) is None]
-    if uncapped:
+    if every_kind:
+        groups.append((None, limit))
+    elif uncapped:
         groups.append((uncapped, limit))
     for k in kinds:
         cap = caps.get(k)

@@ -66,11 +66,15 @@ class Producer:
         outage: Outage,
         limits: RunLimits = RunLimits(),
         traced: bool = False,
+        every_kind: bool = False,
     ) -> None:
         self._store = store
         self._runner = runner
         self._registry = registry
         self._caps = {kind: reg.cap for kind, reg in registry.items()}
+        self._every_kind = every_kind
+        """Claim every kind of the queues, and fail those without a task (unknown_kinds)."""
+        self._capped = [kind for kind, cap in self._caps.items() if cap is not None]
         self.queues = queues
         self._worker = worker
         self._pod = pod
@@ -92,7 +96,7 @@ class Producer:
 
     def notified(self, kind: str) -> None:
         """A job of `kind` became claimable (an empty kind: maybe any)."""
-        if not kind or kind in self._registry:
+        if not kind or kind in self._registry or self._every_kind:
             self.wake.set()
 
     async def run(self) -> None:
@@ -115,7 +119,7 @@ class Producer:
                     return  # the worker finishes what it holds, then returns
             kinds = [k for k in kinds_all if not at_cap(k, self._caps, runner.running_by_kind)]
             timeout = self._poll_max
-            if want > 0 and kinds:
+            if want > 0 and (kinds or self._every_kind):
                 self.wake.clear()
                 try:
                     if self._unsure:
@@ -180,6 +184,7 @@ class Producer:
             running=runner.running_by_kind,
             free=runner.free,
             limit=limit,
+            every_kind=self._every_kind,
         )
         claimed_all: list[ClaimedJob] = []
         loop = asyncio.get_running_loop()
@@ -192,6 +197,7 @@ class Producer:
             claimed = await self._store.claim(
                 queues=self.queues,
                 kinds=group_kinds,
+                skip_kinds=self._capped if group_kinds is None else (),
                 limit=room,
                 worker=self._worker,
                 pod=self._pod,
@@ -205,7 +211,11 @@ class Producer:
             self._slot_counter += len(claimed)
             self.claimed += len(claimed)
             for job in claimed:
-                runner.accept(job, self._registry[job.kind], began)
+                reg = self._registry.get(job.kind)
+                if reg is None:  # a worker that fails unknown kinds took it
+                    runner.refuse(job, f"no task registered for kind {job.kind!r}")
+                else:
+                    runner.accept(job, reg, began)
             claimed_all.extend(claimed)
         return claimed_all
 
@@ -217,6 +227,8 @@ class Producer:
 
     async def _next_due(self, kinds: list[str]) -> float | None:
         try:
+            if self._every_kind:
+                return await self._store.next_due_in_queues(self.queues)
             return await self._store.next_due(kinds)
         except Exception as exc:
             if not is_database_failure(exc):

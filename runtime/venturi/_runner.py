@@ -151,6 +151,23 @@ class Runner:
             self.buffer.append(held)
             self.changed.set()  # its lease needs renewing too
 
+    def refuse(self, job: ClaimedJob, note: str) -> None:
+        """Fail a claimed job for good without running it (its kind has no task here)."""
+        if self._hooks.active:
+            self._hooks.claimed(
+                Claimed(
+                    ULID.from_bytes(job.id.bytes), job.kind, job.queue, job.run_count, job.waited_s
+                )
+            )
+        logger.warning(
+            "job %s (%s): %s; failed for good",
+            job.id,
+            job.kind,
+            note,
+            extra=logs.job_fields(job.id, job.kind, job.queue, job.run_count),
+        )
+        self._completer.settle_nowait(Settlement.of(job, "dead", note=note))
+
     def _start(self, held: Held) -> None:
         job = held.job
         self.running[job.id] = held

@@ -3,6 +3,7 @@
     venturi migrate                          apply the schema (idempotent)
     venturi worker MODULE:FACTORY            run a worker built by FACTORY(store)
     venturi stats                            live counts by kind
+    venturi workers                          the running workers (the registry)
     venturi jobs [--status S] [--kind K]     list jobs, newest first
     venturi journal JOB_ID                   one job's journal
     venturi cleanup --older-than 7d          delete finished jobs (and their journal)
@@ -50,6 +51,7 @@ from venturi.errors import JobStateError, SchemaError
 from venturi.jobs import CleanupCriteria, FailedJob, Job, JobFilter, JobStatus, JournalEntry, Stats
 from venturi.postgres import DEFAULT_PREFIX, POOLERS, PostgresStore
 from venturi.queue import Queue
+from venturi.registry import WorkerInfo
 from venturi.worker import Worker
 
 _DURATION = re.compile(r"(?P<n>\d+(?:\.\d+)?)(?P<unit>s|m|h|d|w)")
@@ -151,6 +153,12 @@ def _parser() -> argparse.ArgumentParser:
         "--queue",
         help="queues to serve, in order, comma-separated (default: the factory's Worker's)",
     )
+    worker.add_argument(
+        "--unknown-kinds",
+        choices=["wait", "fail"],
+        help="a job of a kind with no task: leave it pending (wait) or fail it for good "
+        "(fail); default: the factory's Worker's (wait)",
+    )
     mode = worker.add_mutually_exclusive_group()
     mode.add_argument("--once", action="store_true", help="run the jobs due now, then exit")
     mode.add_argument(
@@ -164,6 +172,9 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser("stats", parents=[common], help="live counts by kind")
+    sub.add_parser(
+        "workers", parents=[common], help="the running workers, and pending kinds none serves"
+    )
 
     jobs = sub.add_parser("jobs", parents=[common], help="list jobs, newest first")
     jobs.add_argument("--status", choices=[s.value for s in JobStatus])
@@ -306,6 +317,14 @@ async def _run(args: argparse.Namespace) -> int:
         elif args.command == "stats":
             stats = await queue.stats()
             _out(args, _stats_json(stats), _stats_text(stats))
+        elif args.command == "workers":
+            workers = await queue.workers()
+            unserved = await queue.unserved_kinds()
+            _out(
+                args,
+                {"workers": [_worker_json(w) for w in workers], "unserved_kinds": unserved},
+                _workers_text(workers, unserved),
+            )
         elif args.command == "jobs":
             found = await queue.jobs(
                 JobFilter(
@@ -466,6 +485,8 @@ async def _worker(args: argparse.Namespace, store: PostgresStore) -> None:
             raise UsageError(f"worker: {exc}") from None
         if len(set(built.queues)) != len(built.queues):
             raise UsageError(f"worker: --queue names a queue twice: {args.queue!r}")
+    if args.unknown_kinds is not None:
+        built.unknown_kinds = args.unknown_kinds
     await store.check_schema()  # before saying "serving" (run() checks again)
     shutdown = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -559,6 +580,50 @@ def _stats_text(s: Stats) -> str:
             )
         )
     return _table(rows)
+
+
+def _worker_json(w: WorkerInfo) -> dict[str, Any]:
+    return {
+        "id": w.id,
+        "host": w.host,
+        "pid": w.pid,
+        "pod": w.pod,
+        "queues": list(w.queues),
+        "kinds": list(w.kinds),
+        "unknown_kinds": w.unknown_kinds,
+        "concurrency": w.concurrency,
+        "heartbeat": w.heartbeat,
+        "started_at": w.started_at.isoformat(),
+        "last_seen": w.last_seen.isoformat(),
+        "live": w.live,
+        "leader": w.leader,
+    }
+
+
+def _workers_text(workers: list[WorkerInfo], unserved: dict[str, list[str]]) -> str:
+    lines = []
+    if not workers:
+        lines.append("no workers registered")
+    else:
+        now = datetime.now(UTC)
+        rows = [("WORKER", "QUEUES", "KINDS", "UNKNOWN", "CONC", "STARTED", "LAST SEEN", "STATE")]
+        for w in workers:
+            rows.append(
+                (
+                    w.id,
+                    ",".join(w.queues),
+                    ",".join(w.kinds),
+                    w.unknown_kinds,
+                    str(w.concurrency),
+                    w.started_at.strftime("%Y-%m-%d %H:%M:%S"),
+                    _age(max(0.0, (now - w.last_seen).total_seconds())) + " ago",
+                    "leader" if w.leader else "live" if w.live else "silent",
+                )
+            )
+        lines.append(_table(rows))
+    for queue, kinds in sorted(unserved.items()):
+        lines.append(f"queue {queue}: pending kinds no live worker serves: {', '.join(kinds)}")
+    return "\n".join(lines)
 
 
 def _age(seconds: float | None) -> str:

@@ -29,6 +29,8 @@ from ulid import ULID
 from venturi import _dsn
 from venturi._db import sql
 from venturi._db.failures import breaks_connection
+from venturi._db.leadership import Leadership
+from venturi._db.registry import Registry
 from venturi._db.run import CallersConnection, Pooled, Runner, detached, release
 from venturi._db.run import Connection as Connection  # the caller's: see `using`
 from venturi._records import (
@@ -55,6 +57,7 @@ from venturi.jobs import (
     JournalOutcome,
     Stats,
 )
+from venturi.registry import WorkerInfo
 
 DEFAULT_PREFIX = "venturi"
 DEFAULT_HOOK_LEASE_S = 15 * 60.0
@@ -318,6 +321,16 @@ class PostgresStore:
     @property
     def prefix(self) -> str:
         return self._prefix
+
+    @property
+    def registry(self) -> Registry:
+        """The worker registry's statements (`_db/registry.py`), on this store's runner."""
+        return Registry(self._run, self._q)
+
+    @property
+    def leadership(self) -> Leadership:
+        """The leader lease's statements (`_db/leadership.py`), on this store's runner."""
+        return Leadership(self._run, self._q)
 
     @property
     def pool_max_size(self) -> int:
@@ -625,7 +638,7 @@ class PostgresStore:
         self,
         *,
         queues: Sequence[str],
-        kinds: Sequence[str],
+        kinds: Sequence[str] | None,
         limit: int,
         worker: str,
         pod: str | None,
@@ -634,8 +647,10 @@ class PostgresStore:
         reserved_normal: int = 0,
         held_lease_s: float | None = None,
         traced: bool = False,
+        skip_kinds: Sequence[str] = (),
     ) -> list[ClaimedJob]:
-        """Claim up to `limit` jobs of `queues`, emptying them in that order (one statement);
+        """Claim up to `limit` jobs of `queues`, emptying them in that order (one statement),
+        of `kinds` (None: every kind but `skip_kinds`);
         within a queue `reserved_low` of the slots go to LOW jobs first and `reserved_normal`
         to NORMAL-or-LOW ones (anti-starvation), the rest to any tier.
 
@@ -648,7 +663,8 @@ class PostgresStore:
         rows = await self._run.fetch(
             self._q["job_claim"],
             queues=list(queues),
-            kinds=list(kinds),
+            kinds=None if kinds is None else list(kinds),
+            skip_kinds=list(skip_kinds),
             n=limit,
             reserved_low=reserved_low,
             reserved_normal=reserved_normal,
@@ -837,6 +853,13 @@ class PostgresStore:
     async def next_due(self, kinds: Sequence[str]) -> float | None:
         """Seconds until the next scheduled job of these kinds becomes eligible."""
         value: float | None = await self._run.fetchval(self._q["job_next_due"], kinds=list(kinds))
+        return value
+
+    async def next_due_in_queues(self, queues: Sequence[str]) -> float | None:
+        """Seconds until the next scheduled job of these queues (any kind) becomes eligible."""
+        value: float | None = await self._run.fetchval(
+            self._q["job_next_due_in_queues"], queues=list(queues)
+        )
         return value
 
     @asynccontextmanager
@@ -1045,6 +1068,16 @@ class PostgresStore:
             oldest_pending_age_by_kind=oldest,
             completed_by_kind=completed,
         )
+
+    @_schema_required
+    async def workers(self) -> list[WorkerInfo]:
+        """Every registered worker, oldest first (see `venturi.registry`)."""
+        return await self.registry.workers()
+
+    @_schema_required
+    async def unserved_kinds(self) -> dict[str, list[str]]:
+        """Queue -> pending KINDs that no live worker serving that queue registers."""
+        return await self.registry.unserved_kinds()
 
     @_schema_required
     async def claimed_by_pod(self) -> dict[str, int]:

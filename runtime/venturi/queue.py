@@ -41,6 +41,7 @@ from venturi.jobs import (
 )
 from venturi.merge import DEDUP_KEY_MAX_BYTES, DedupKey, Merge, MergeAction, Pending
 from venturi.postgres import Connection, PostgresStore
+from venturi.registry import WorkerInfo
 from venturi.task import KIND_PATTERN, Priority, Task, carry_type_of, kind_of
 
 logger = logging.getLogger(__name__)
@@ -450,6 +451,16 @@ class Queue:
         """Claimed jobs per pod name (the worker's `WorkerIdentity.pod`), busy pods only; jobs
         claimed outside Kubernetes are not counted. The operator spares busy pods with it."""
         return await self.store.claimed_by_pod()
+
+    async def workers(self) -> list[WorkerInfo]:
+        """The workers of this store's prefix (every queue), oldest first: what each serves,
+        and when it was last heard from (`WorkerInfo.live`)."""
+        return await self.store.workers()
+
+    async def unserved_kinds(self) -> dict[str, list[str]]:
+        """Pending KINDs that no live worker serving their queue registers, by queue (every
+        queue of the prefix): such jobs wait until a worker that knows them starts."""
+        return await self.store.unserved_kinds()
 
     def _new_job(
         self,

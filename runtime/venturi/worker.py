@@ -9,7 +9,9 @@ The worker holds the settings, the registrations and the lifecycle; the work is 
 parts, one concern each: the producer (`_producer`: claims from the worker's queues in
 order), the runner (`_runner`: the jobs it holds and their runs, through the executor and
 its middleware), the completer (batched settlements), the renewer (leases), the notifier
-(LISTEN wake-ups) and the rescuer (expired leases).
+(LISTEN wake-ups), the rescuer (expired leases), the heartbeat (`_registry`: its row in the
+worker registry) and the maintainer (`_maintenance`: the leader election, and the leader's
+maintenance services).
 
 No part ends because the database went away: each retries (backoff capped at a second,
 the outage logged once) and resumes as soon as any of them gets through. Only a bug in
@@ -21,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
@@ -28,12 +31,17 @@ from typing import Any, Generic, TypeVar
 
 from venturi._completer import Completer
 from venturi._db.failures import is_configuration_error, is_database_failure
+from venturi._db.registry import WorkerRow
 from venturi._executor import Policy, Registration
 from venturi._hooks import hook_set
+from venturi._maintenance import Maintainer
+from venturi._maintenance.cleaner import RetentionCleaner
+from venturi._maintenance.sweeper import WorkerSweep
 from venturi._notifier import Notifier
 from venturi._outage import Outage, next_delay
 from venturi._producer import Producer, RunLimits
 from venturi._records import Settlement
+from venturi._registry import HEARTBEAT, Heartbeat
 from venturi._renewer import Renewer
 from venturi._rescuer import Rescuer
 from venturi._runner import Runner
@@ -45,9 +53,11 @@ from venturi.context import Context
 from venturi.errors import DuplicateKindError
 from venturi.hooks import Dead, Hooks, Settled
 from venturi.identity import WorkerIdentity
+from venturi.maintenance import MaintenanceService, Retention
 from venturi.middleware import Middleware, compose
 from venturi.outcome import Outcome, PanicPolicy
 from venturi.postgres import PostgresStore
+from venturi.registry import UnknownKinds
 from venturi.task import Task, carry_type_of, kind_of
 
 logger = logging.getLogger(__name__)
@@ -102,6 +112,14 @@ class Worker(Generic[AppT]):
     - `codec`: how payloads and carries decode (JSON); the queue's producers use the same.
     - `reporters`: callables `reporter(error, job)` (sync or async; `job` a `FailedJob`)
       told of every job that fails for good, once, after its task's `failed` hook.
+    - `maintenance`: periodic services run once for the whole prefix, by the elected leader
+      among the workers (`venturi.maintenance`); the registry's sweep always runs.
+    - `retention`: how long finished jobs are kept (`Retention`); None (the default) keeps
+      every job. Give every worker of a prefix the same: whichever leads applies its own.
+    - `unknown_kinds`: a job of a kind this worker has no task for is left pending for a
+      worker that has one ("wait", the default: safe while a deploy rolls out a new task),
+      or claimed and failed for good at once with "no task registered for kind X" ("fail").
+      Either way `Queue.unserved_kinds()` lists pending kinds no live worker serves.
     """
 
     def __init__(
@@ -129,6 +147,9 @@ class Worker(Generic[AppT]):
         prefetch: bool = True,
         codec: Codec = DEFAULT_CODEC,
         reporters: Sequence[Reporter] = (),
+        maintenance: Sequence[MaintenanceService] = (),
+        retention: Retention | None = None,
+        unknown_kinds: UnknownKinds = "wait",
     ) -> None:
         if concurrency is None:
             concurrency = default_concurrency()
@@ -154,6 +175,9 @@ class Worker(Generic[AppT]):
             raise TypeError(
                 f"reporters: expected callables reporter(error, job), got {reporters!r}"
             )
+        services = _services(maintenance, retention)
+        if unknown_kinds not in ("wait", "fail"):
+            raise ValueError(f"unknown_kinds: expected 'wait' or 'fail', got {unknown_kinds!r}")
         self.app = app
         self.store = store
         self.concurrency = settings.concurrency
@@ -176,6 +200,8 @@ class Worker(Generic[AppT]):
         self.reporters = tuple(reporters)
         self.metrics_port = settings.metrics_port
         self.metrics_host = settings.metrics_host
+        self.maintenance = services
+        self.unknown_kinds: UnknownKinds = unknown_kinds
         self._registry: dict[str, Registration] = {}
         self._started = False
         self._outage = Outage(str(self.identity))
@@ -184,6 +210,7 @@ class Worker(Generic[AppT]):
         self._producer: Producer | None = None
         self._rescuer: Rescuer | None = None
         self._undertaker: Undertaker | None = None
+        self._maintainer: Maintainer | None = None
         self.notifier: Notifier | None = None
         self.ready = asyncio.Event()
         """Set once the worker listens and claims (tests and health checks await it)."""
@@ -239,6 +266,11 @@ class Worker(Generic[AppT]):
     @property
     def kinds(self) -> list[str]:
         return list(self._registry)
+
+    @property
+    def leads(self) -> bool:
+        """Whether this worker is the elected leader (it runs the maintenance services)."""
+        return self._maintainer is not None and self._maintainer.leads
 
     @property
     def in_flight(self) -> int:
@@ -328,6 +360,7 @@ class Worker(Generic[AppT]):
             outage=self._outage,
             limits=limits,
             traced=any(getattr(mw, "reads_trace_context", False) for mw in self.middleware),
+            every_kind=self.unknown_kinds == "fail",
         )
         rescuer = self._rescuer = Rescuer(
             self.store,
@@ -350,6 +383,10 @@ class Worker(Generic[AppT]):
             on_lease=rescuer.lease_announced,
             on_connected=self._outage.ok,
         )
+        heartbeat = Heartbeat(self.store, self._registry_row(), outage=self._outage)
+        maintainer = self._maintainer = Maintainer(
+            self.store, self.maintenance, worker=identity, outage=self._outage
+        )
         if self.metrics_port is not None:
             from venturi import metrics
 
@@ -370,6 +407,8 @@ class Worker(Generic[AppT]):
                 Renewer(self.store, runner, outage=self._outage).run(), name="venturi-renewer"
             ),
             asyncio.create_task(undertaker.run(), name="venturi-undertaker"),
+            asyncio.create_task(heartbeat.run(), name="venturi-heartbeat"),
+            asyncio.create_task(maintainer.run(), name="venturi-maintainer"),
         ]
         claim_loop: asyncio.Task[None] | None = None
         stop = asyncio.create_task(
@@ -377,8 +416,11 @@ class Worker(Generic[AppT]):
         )
         graceful = True
         try:
-            # Claim once LISTEN is up, so no notification sent after the first claim is missed.
-            connected = asyncio.create_task(self.notifier.connected.wait())
+            # Claim once LISTEN is up, so no notification sent after the first claim is missed
+            # (and once the worker is in the registry, so "ready" means "listed").
+            connected = asyncio.create_task(
+                _all(self.notifier.connected.wait(), heartbeat.registered.wait())
+            )
             try:
                 await asyncio.wait(
                     {connected, stop, *background}, return_when=asyncio.FIRST_COMPLETED
@@ -422,9 +464,11 @@ class Worker(Generic[AppT]):
                 await completer.close()
             # The failure steps of the last deaths, too (what is cut short runs elsewhere).
             await undertaker.close(self.shutdown_timeout if graceful else 0.0)
+            await maintainer.close()  # resign first: the next leader need not wait it out
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)
+            await heartbeat.remove()
             logger.info(
                 "worker %s stopped: claimed=%d settled=%s",
                 identity,
@@ -461,6 +505,19 @@ class Worker(Generic[AppT]):
                 + "): PostgresStore.connect(..., max_size=N)"
             )
 
+    def _registry_row(self) -> WorkerRow:
+        return WorkerRow(
+            id=str(self.identity),
+            host=self.identity.host,
+            pid=self.identity.pid,
+            pod=self.identity.pod,
+            queues=list(self.queues),
+            kinds=self.kinds,
+            unknown_kinds=self.unknown_kinds,
+            concurrency=self.concurrency,
+            heartbeat_s=HEARTBEAT,
+        )
+
     def _on_notify(self, kind: str) -> None:
         if self._producer is not None:
             self._producer.notified(kind)
@@ -485,6 +542,10 @@ class Worker(Generic[AppT]):
             hooks.dead(Dead(job_id, settlement.kind, queue, run, settlement.note))
 
 
+async def _all(*waits: Awaitable[Any]) -> None:
+    await asyncio.gather(*waits)
+
+
 async def _until(shutdown: asyncio.Event, deadline: float | None) -> None:
     """Until `shutdown` is set, or `deadline` seconds have passed."""
     with contextlib.suppress(TimeoutError):
@@ -499,6 +560,40 @@ def _limits(once: bool, stop_when_empty: bool, max_jobs: int | None) -> RunLimit
     ):
         raise ValueError(f"max_jobs: expected an int >= 1, got {max_jobs!r}")
     return RunLimits(once=once, stop_when_empty=stop_when_empty, max_jobs=max_jobs)
+
+
+def _services(
+    maintenance: Sequence[MaintenanceService], retention: Retention | None
+) -> tuple[MaintenanceService, ...]:
+    """The leader's services: the sweep, the cleaner if asked for, then the caller's."""
+    if isinstance(maintenance, MaintenanceService) or not isinstance(maintenance, Sequence):
+        raise TypeError(f"maintenance: expected a list of services, got {maintenance!r:.80}")
+    if retention is not None and not isinstance(retention, Retention):
+        raise TypeError(f"retention: expected a venturi.Retention, got {retention!r:.80}")
+    services: list[MaintenanceService] = [WorkerSweep()]
+    if retention is not None and retention.ages():
+        services.append(RetentionCleaner(retention))
+    for service in maintenance:
+        if not isinstance(service, MaintenanceService):
+            raise TypeError(
+                f"maintenance: {service!r:.80} is not a service (it needs `name`, "
+                f"`interval` and `async run_once(store)`)"
+            )
+        interval = service.interval
+        if (
+            not isinstance(interval, int | float)
+            or isinstance(interval, bool)
+            or not 0 < interval < math.inf
+        ):
+            raise ValueError(
+                f"maintenance: service {service.name!r} has interval {interval!r}; expected "
+                f"seconds > 0"
+            )
+        services.append(service)
+    names = [s.name for s in services]
+    if len(set(names)) != len(names):
+        raise ValueError(f"maintenance: each service needs a name of its own, got {names}")
+    return tuple(services)
 
 
 def _queues(queue: str | None, queues: Sequence[str] | None) -> tuple[str, ...]:

@@ -19,6 +19,14 @@ from .proxy import LossyProxy
 from .worker import Work
 
 
+def claim_by(worker: Worker[None]) -> bytes:
+    """What only the worker's claims send: its identity, then its pod, NULL outside
+    Kubernetes (a Bind message's NULL parameter is the length -1). The identity alone is in
+    its heartbeat and its leader election too."""
+    assert worker.identity.pod is None
+    return str(worker.identity).encode() + b"\xff\xff\xff\xff"
+
+
 async def test_lost_claim_reply_is_released_after_reconnect(
     pg_dsn: str, store: PostgresStore, prefix: str
 ) -> None:
@@ -37,7 +45,7 @@ async def test_lost_claim_reply_is_released_after_reconnect(
         async with await PostgresStore.connect(via_proxy, prefix=prefix) as lossy:
             worker = Worker(None, lossy, concurrency=1, lease=60)
             worker.register(Work, handle)
-            proxy.arm(str(worker.identity).encode())
+            proxy.arm(claim_by(worker))
             async with running(worker):
                 await asyncio.wait_for(proxy.fired.wait(), 30)
                 dropped = time.time()
@@ -83,7 +91,7 @@ async def test_a_claim_reply_that_arrives_after_the_lease_is_never_run(
         async with await PostgresStore.connect(via_proxy, prefix=prefix) as stalled:
             slow = Worker(None, stalled, concurrency=1, lease=1.0, poll_max=0.2)
             slow.register(Work, handler("slow"))
-            proxy.arm(str(slow.identity).encode(), hold=3.0)
+            proxy.arm(claim_by(slow), hold=3.0)
             async with running(slow):
                 await asyncio.wait_for(proxy.fired.wait(), 30)
                 other = Worker(None, store, concurrency=1, poll_max=0.2)

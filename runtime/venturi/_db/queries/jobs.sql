@@ -46,20 +46,20 @@ SELECT pg_notify(:channel, kind) FROM inserted;
 
 -- job_claim --
 -- Claim up to :n eligible jobs of the queues :queues, in their order, of the kinds :kinds
--- (see the function's definition in migration 0004 for the claim order, the tier
--- reservations :reserved_low/:reserved_normal and the lease announcement :held_lease_s on
--- :channel). Rows come back in claim order. With :traced (a worker that traces its runs),
--- each job's stored trace context too: one primary-key probe per job, never made otherwise.
--- The probe reads with the statement's snapshot, which can predate a job the function
--- claims (its queries take their own): such a job's context reads NULL and its span is
--- simply not linked (the context never changes after the insert, so nothing else differs).
+-- (NULL: every kind but :skip_kinds; see the function's definitions in migrations 0004 and
+-- after for the claim order, the tier reservations :reserved_low/:reserved_normal and the
+-- lease announcement :held_lease_s on :channel). Rows come back in claim order. With :traced
+-- (a worker that traces its runs), each job's stored trace context too: one primary-key probe
+-- per job, never made otherwise. The probe reads with the statement's snapshot, which can
+-- predate a job the function claims (its queries take their own): such a job's context reads
+-- NULL and its span is simply not linked (the context never changes after the insert).
 SELECT c.id, c.kind, c.queue, c.payload, c.carry, c.run_count, c.failures, c.claim_token,
        c.lease_s, c.backoff_base_s, c.backoff_cap_s, c.waited_s, c.history,
        CASE WHEN :traced::bool THEN
            (SELECT j.trace_context FROM {prefix}_jobs AS j WHERE j.id = c.id) END
            AS trace_context
-FROM {prefix}_claim_v1(:queues, :kinds, :n, :reserved_low, :reserved_normal, :worker, :pod,
-                       :default_lease_s, :held_lease_s, :channel) AS c;
+FROM {prefix}_claim_v2(:queues, :kinds, :skip_kinds, :n, :reserved_low, :reserved_normal,
+                       :worker, :pod, :default_lease_s, :held_lease_s, :channel) AS c;
 
 -- job_settle_many --
 -- Settle a batch of outcomes and write their journal rows in one statement. Each row is
@@ -152,5 +152,18 @@ FROM unnest(:kinds::text[]) AS k(kind)
 CROSS JOIN LATERAL (
     SELECT run_at FROM {prefix}_jobs
     WHERE status = 'pending' AND kind = k.kind AND run_at > now()
+    ORDER BY run_at LIMIT 1
+) AS t;
+
+-- job_next_due_in_queues --
+-- job_next_due for a worker that takes every kind of its queues: seconds until the next
+-- pending job of :queues becomes eligible (NULL when none is scheduled). One probe of the
+-- claim index per queue and priority tier.
+SELECT extract(epoch FROM min(t.run_at) - now())::float8 AS due_in_s
+FROM unnest(:queues::text[]) AS q(queue)
+CROSS JOIN (VALUES (0::smallint), (1::smallint), (2::smallint)) AS p(priority)
+CROSS JOIN LATERAL (
+    SELECT run_at FROM {prefix}_jobs
+    WHERE status = 'pending' AND queue = q.queue AND priority = p.priority AND run_at > now()
     ORDER BY run_at LIMIT 1
 ) AS t;

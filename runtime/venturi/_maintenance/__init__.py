@@ -1,0 +1,104 @@
+"""The maintainer: takes part in the leader election, and while this worker leads, runs the
+maintenance services (`venturi.maintenance.MaintenanceService`), each in a loop of its own
+every `interval` seconds, first right after the election.
+
+Leadership lost (the lease could not be renewed in time, or another worker took it) cancels
+every service's run at once; a new term starts them afresh. A service that raises is
+logged with its traceback and run again at its next interval (a bug in a service must not
+stop the worker, nor the other services); a database failure is recorded in the worker's
+`Outage` and retried at the next interval.
+
+Services, one per module: `sweeper` (the registry's silent workers), `cleaner` (retention).
+The cron scheduler and batch pruning join them as further services.
+
+Started by the worker; calls `Elector` and the services.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Sequence
+
+from venturi._db.failures import is_database_failure
+from venturi._maintenance.leader import Elector
+from venturi._outage import Outage
+from venturi.maintenance import MaintenanceService
+from venturi.postgres import PostgresStore
+
+logger = logging.getLogger("venturi.worker")
+
+
+class Maintainer:
+    def __init__(
+        self,
+        store: PostgresStore,
+        services: Sequence[MaintenanceService],
+        *,
+        worker: str,
+        outage: Outage,
+    ) -> None:
+        self._store = store
+        self._services = list(services)
+        self._worker = worker
+        self._outage = outage
+        self._running: list[asyncio.Task[None]] = []
+        self.elector = Elector(
+            store,
+            worker=worker,
+            outage=outage,
+            on_elected=self._elected,
+            on_deposed=self._deposed,
+        )
+
+    @property
+    def leads(self) -> bool:
+        return self.elector.term is not None
+
+    async def run(self) -> None:
+        try:
+            await self.elector.run()
+        finally:
+            await self._stop_services()
+
+    async def close(self) -> None:
+        """At a clean exit: stop the services and resign the lease."""
+        await self.elector.resign()
+        await self._stop_services()
+
+    def _elected(self, term: int) -> None:
+        self._running = [
+            asyncio.create_task(self._serve(s, term), name=f"venturi-maintenance-{s.name}")
+            for s in self._services
+        ]
+
+    def _deposed(self, term: int, why: str) -> None:
+        for task in self._running:
+            task.cancel()
+        self._running = []
+
+    async def _stop_services(self) -> None:
+        running, self._running = self._running, []
+        for task in running:
+            task.cancel()
+        await asyncio.gather(*running, return_exceptions=True)
+
+    async def _serve(self, service: MaintenanceService, term: int) -> None:
+        while True:
+            try:
+                await service.run_once(self._store)
+            except Exception as exc:
+                if is_database_failure(exc):
+                    self._outage.failed(f"maintenance ({service.name})", exc)
+                else:
+                    logger.exception(
+                        "worker %s: maintenance service %r failed (term %d); it runs again "
+                        "in %.1fs",
+                        self._worker,
+                        service.name,
+                        term,
+                        service.interval,
+                    )
+            else:
+                self._outage.ok()
+            await asyncio.sleep(service.interval)

@@ -1,0 +1,37 @@
+"""The retention cleaner: deletes finished jobs (and their journal) older than the
+`Retention` says, per status, in bounded batches (`PostgresStore.cleanup`, each batch its own
+short transaction). Only what `Retention` names is deleted; by default nothing is, and dead
+jobs stay unless `dead=` is given. A maintenance service: the leader runs it."""
+
+from __future__ import annotations
+
+import logging
+from datetime import UTC, datetime
+
+from venturi.backoff import to_seconds
+from venturi.jobs import CleanupCriteria, JobStatus
+from venturi.maintenance import Retention
+from venturi.postgres import PostgresStore
+
+logger = logging.getLogger("venturi.worker")
+
+
+class RetentionCleaner:
+    name = "retention"
+
+    def __init__(self, retention: Retention) -> None:
+        self._ages = retention.ages()
+        self._batch = retention.batch_size
+        self.interval = to_seconds(retention.interval, name="Retention.interval", low=0.01)
+
+    async def run_once(self, store: PostgresStore) -> None:
+        now = datetime.now(UTC)
+        for status, age in self._ages.items():
+            deleted = await store.cleanup(
+                CleanupCriteria(finished_before=now - age, status=JobStatus(status)),
+                batch_size=self._batch,
+            )
+            if deleted:
+                logger.info(
+                    "retention: deleted %d %s jobs finished before %s", deleted, status, age
+                )
