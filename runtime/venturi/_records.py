@@ -54,6 +54,8 @@ class NewJobs:
     backoff_base_s: Sequence[float | None] | None = None
     backoff_cap_s: Sequence[float | None] | None = None
     dedup_keys: Sequence[str | None] | None = None
+    queues: Sequence[str] | None = None
+    """Each job's named queue, when a batch spans several; None: every job is in `queue`."""
 
     def __post_init__(self) -> None:
         # A short column would be padded with NULLs by unnest(): refuse it here instead.
@@ -68,6 +70,7 @@ class NewJobs:
             self.backoff_base_s,
             self.backoff_cap_s,
             self.dedup_keys,
+            self.queues,
         ):
             if column is not None and len(column) != n:
                 raise ValueError(f"NewJobs: every column must hold {n} values, one per job")
@@ -77,7 +80,7 @@ class NewJobs:
 
     @classmethod
     def of(cls, jobs: Sequence[NewJob]) -> NewJobs:
-        """The batch of `jobs`, which must all belong to one named queue."""
+        """The batch of `jobs` (of one named queue, or several: then by job)."""
         if len(jobs) == 1:  # a single enqueue, the most frequent: no column scans
             j = jobs[0]
             return cls(
@@ -94,8 +97,7 @@ class NewJobs:
                 dedup_keys=None if j.dedup_key is None else [j.dedup_key],
             )
         queue = jobs[0].queue if jobs else ""
-        if any(j.queue != queue for j in jobs):
-            raise ValueError("NewJobs: every job of a batch must belong to the same queue")
+        mixed = any(j.queue != queue for j in jobs)
         return cls(
             queue=queue,
             ids=[j.id for j in jobs],
@@ -108,6 +110,7 @@ class NewJobs:
             backoff_base_s=_optional([j.backoff_base_s for j in jobs]),
             backoff_cap_s=_optional([j.backoff_cap_s for j in jobs]),
             dedup_keys=_optional([j.dedup_key for j in jobs]),
+            queues=[j.queue for j in jobs] if mixed else None,
         )
 
 

@@ -352,9 +352,9 @@ class PostgresStore:
     # -- producing -------------------------------------------------------------------
 
     async def insert(self, jobs: NewJobs) -> None:
-        """Insert a batch of jobs of one named queue in one statement (one round trip), and
-        wake listeners (at commit). Every enqueue comes here, a single one as a batch of one
-        (which runs a statement of its own: see `job_insert_one`).
+        """Insert a batch of jobs (of one named queue, or of several) in one statement (one
+        round trip), and wake listeners (at commit). Every enqueue comes here, a single one as
+        a batch of one (which runs a statement of its own: see `job_insert_one`).
         """
         if not jobs.ids:
             return
@@ -429,6 +429,7 @@ class PostgresStore:
             "backoff_base_s": _column(jobs.backoff_base_s),
             "backoff_cap_s": _column(jobs.backoff_cap_s),
             "dedup_keys": _column(jobs.dedup_keys),
+            "queues": jobs.queues,
             "channel": self.channel,
             "wake_kinds": list(set(jobs.kinds)),
         }

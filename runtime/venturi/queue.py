@@ -47,6 +47,24 @@ def _kind(task_type: type[Any]) -> str:
     return _KINDS.get(task_type) or _KINDS.setdefault(task_type, kind_of(task_type))
 
 
+_TASK_QUEUES: dict[type[Any], str | None] = {}
+"""Validated QUEUE per task class (None: the class names none)."""
+
+
+def _task_queue(task_type: type[Any]) -> str | None:
+    try:
+        return _TASK_QUEUES[task_type]
+    except KeyError:
+        value = getattr(task_type, "QUEUE", None)
+        if value is not None:
+            check_queue_name(value, setting=f"{task_type.__qualname__}.QUEUE")
+        return _TASK_QUEUES.setdefault(task_type, value)
+
+
+def _call_queue(queue: str | None) -> str | None:
+    return None if queue is None else check_queue_name(queue, setting="enqueue(queue=)")
+
+
 def _no_policy(task_type: type[Any]) -> bool:
     found = _NO_POLICY.get(task_type)
     if found is None:
@@ -81,6 +99,9 @@ class Queue:
     `codec` encodes payloads and carries (and decodes them in listings); the workers that
     run this queue's jobs must use the same one.
 
+    A job goes to the named queue of the enqueue call (`queue=`), else of its task class
+    (`QUEUE`), else of this `Queue` (its `queue=`, "default" unless given).
+
     Every enqueue takes `conn=`: a connection the caller holds (an `asyncpg.Connection` or a
     pool's), in a transaction the caller opened. The job is then written by the caller's
     transaction: it exists, and workers are woken, only if that transaction commits.
@@ -107,16 +128,19 @@ class Queue:
         task: Task[Any],
         *,
         priority: Priority | None = None,
+        queue: str | None = None,
         conn: Connection | None = None,
         autocommit: bool = False,
     ) -> ULID:
-        """Store a job that is eligible now; returns its id.
+        """Store a job that is eligible now; returns its id. `queue` names the job's queue
+        for this call (over the task's `QUEUE` and this Queue's).
 
         When the task has a `dedup_key()` and a pending job of its KIND has the same key,
         `task.merge(existing)` decides, and the id returned is the one holding the work.
         """
         store = self._store_for(conn, autocommit)
-        return await self._insert(store, task, self._new_job(task, priority=priority))
+        job = self._new_job(task, priority=priority, queue=_call_queue(queue))
+        return await self._insert(store, task, job)
 
     def _store_for(self, conn: Connection | None, autocommit: bool) -> PostgresStore:
         if conn is None:
@@ -191,6 +215,7 @@ class Queue:
         when: datetime,
         *,
         priority: Priority | None = None,
+        queue: str | None = None,
         conn: Connection | None = None,
         autocommit: bool = False,
     ) -> ULID:
@@ -201,7 +226,8 @@ class Queue:
         if abs((when - datetime.now(UTC)).total_seconds()) > MAX_DELAY:
             raise ValueError(f"enqueue_at: `when` must be within 10 years of now, got {when!r}")
         store = self._store_for(conn, autocommit)
-        return await self._insert(store, task, self._new_job(task, priority=priority, run_at=when))
+        job = self._new_job(task, priority=priority, queue=_call_queue(queue), run_at=when)
+        return await self._insert(store, task, job)
 
     async def enqueue_in(
         self,
@@ -209,13 +235,14 @@ class Queue:
         delay: Seconds,
         *,
         priority: Priority | None = None,
+        queue: str | None = None,
         conn: Connection | None = None,
         autocommit: bool = False,
     ) -> ULID:
         """Store a job that becomes eligible `delay` from now (by the database clock)."""
         delay_s = to_seconds(delay, name="enqueue_in(delay)")
         store = self._store_for(conn, autocommit)
-        job = self._new_job(task, priority=priority, delay_s=delay_s)
+        job = self._new_job(task, priority=priority, queue=_call_queue(queue), delay_s=delay_s)
         return await self._insert(store, task, job)
 
     async def enqueue_many(
@@ -223,6 +250,7 @@ class Queue:
         tasks: Iterable[Task[Any]],
         *,
         priority: Priority | None = None,
+        queue: str | None = None,
         conn: Connection | None = None,
         autocommit: bool = False,
     ) -> list[ULID]:
@@ -230,9 +258,11 @@ class Queue:
 
         Every payload is encoded before anything is sent, so one bad task fails the call
         and nothing is stored. Tasks with a dedup key go through the merge path one by one
-        (after the batch); the ids returned are then the ids holding their work.
+        (after the batch); the ids returned are then the ids holding their work. The jobs
+        may go to several queues (their tasks' `QUEUE`s), still in one statement.
         """
         store = self._store_for(conn, autocommit)
+        called = _call_queue(queue)
         tasks = list(tasks)
         ids = new_ids(len(tasks))
         if all(_no_policy(type(t)) for t in tasks):
@@ -241,14 +271,19 @@ class Queue:
             kinds = [_kind(type(t)) for t in tasks]
             encode = self.codec.encode
             payloads = [encode(t, kind=k) for t, k in zip(tasks, kinds, strict=True)]
-            await store.insert(NewJobs(self.queue, ids, kinds, [tier] * len(ids), payloads))
+            queues = [called or _task_queue(type(t)) or self.queue for t in tasks]
+            first = queues[0] if queues else self.queue
+            by_job = None if all(q == first for q in queues) else queues
+            batch = NewJobs(first, ids, kinds, [tier] * len(ids), payloads, queues=by_job)
+            await store.insert(batch)
             if self.hooks.active:
-                for job_id, kind in zip(ids, kinds, strict=True):
-                    self.hooks.enqueued(Enqueued(job_id, kind, self.queue))
+                for job_id, kind, q in zip(ids, kinds, queues, strict=True):
+                    self.hooks.enqueued(Enqueued(job_id, kind, q))
             logger.debug("enqueued %d jobs", len(ids))
             return ids
         jobs = [
-            self._new_job(t, priority=priority, job_id=i) for t, i in zip(tasks, ids, strict=True)
+            self._new_job(t, priority=priority, queue=called, job_id=i)
+            for t, i in zip(tasks, ids, strict=True)
         ]
         plain = [j for j in jobs if j.dedup_key is None]
         await store.insert(NewJobs.of(plain))
@@ -309,11 +344,13 @@ class Queue:
         task: Task[Any],
         *,
         priority: Priority | None,
+        queue: str | None,
         run_at: datetime | None = None,
         delay_s: float | None = None,
         job_id: ULID | None = None,
     ) -> NewJob:
         kind = _kind(type(task))
+        queue = queue or _task_queue(type(task)) or self.queue
         payload = self.codec.encode(task, kind=kind)
         tier = priority if priority is not None else task.priority()
         if type(tier) is not Priority:
@@ -328,7 +365,7 @@ class Queue:
         return NewJob(
             id=job_id if job_id is not None else new_ids(1)[0],
             kind=kind,
-            queue=self.queue,
+            queue=queue,
             priority=int(tier),
             payload=payload,
             run_at=run_at,

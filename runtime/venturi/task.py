@@ -55,6 +55,10 @@ class Task(Generic[C]):
     """
 
     KIND: ClassVar[str]
+    QUEUE: ClassVar[str | None] = None
+    """The named queue this task's jobs go to, unless the enqueue names one (`queue=`);
+    None (the default) leaves it to the `Queue` (its `queue=`, "default" unless given).
+    Validated like a KIND on the first enqueue."""
 
     def lease(self) -> Seconds | None:
         """How long a claim of this job lasts before another worker may recover it.

@@ -4,24 +4,26 @@
 -- (now()), never from a worker's.
 
 -- job_insert --
--- Enqueue a batch of jobs of one queue in one statement (arrays + unnest) and wake listeners
+-- Enqueue a batch of jobs in one statement (arrays + unnest) and wake listeners
 -- once per kind (delivered at commit). Every enqueue comes here, or, for a single job, to
 -- job_insert_one. An optional column sent as NULL is NULL for every job (unnest pads a NULL
 -- array with NULLs), so the usual batch, with no per-job policy, sends those as one NULL each.
 -- :wake_kinds are the batch's distinct kinds: the insert runs once, whole or not at all,
 -- whether or not it is read, so they are what it inserted (a DISTINCT over its RETURNING
 -- costs about 25 us a statement).
+-- Every job goes to :queue, unless :queues (a batch spanning several queues) names each one's.
 WITH inserted AS (
     INSERT INTO {prefix}_jobs (id, kind, queue, priority, run_at, payload,
                                lease_s, backoff_base_s, backoff_cap_s, dedup_key)
-    SELECT r.id, r.kind, :queue, r.priority,
+    SELECT r.id, r.kind, coalesce(r.queue, :queue), r.priority,
            coalesce(r.run_at, now() + make_interval(secs => coalesce(r.delay_s, 0))),
            r.payload::jsonb, r.lease_s, r.backoff_base_s, r.backoff_cap_s, r.dedup_key
     FROM unnest(:ids::uuid[], :kinds::text[], :priorities::smallint[], :run_at::timestamptz[],
                 :delay_s::float8[], :payloads::text[], :lease_s::float8[],
-                :backoff_base_s::float8[], :backoff_cap_s::float8[], :dedup_keys::text[])
+                :backoff_base_s::float8[], :backoff_cap_s::float8[], :dedup_keys::text[],
+                :queues::text[])
          AS r(id, kind, priority, run_at, delay_s, payload,
-              lease_s, backoff_base_s, backoff_cap_s, dedup_key)
+              lease_s, backoff_base_s, backoff_cap_s, dedup_key, queue)
 )
 SELECT pg_notify(:channel, w.kind) FROM unnest(:wake_kinds::text[]) AS w(kind);
 
