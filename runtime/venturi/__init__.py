@@ -28,6 +28,7 @@ from venturi.jobs import (
 from venturi.merge import DedupKey, Merge, Pending
 from venturi.middleware import CallNext, Middleware
 from venturi.outcome import Outcome, PanicPolicy, TaskError
+from venturi.pauses import QueueState
 from venturi.postgres import PostgresStore
 from venturi.queue import Queue
 from venturi.task import Priority, Task
@@ -61,6 +62,7 @@ __all__ = [
     "PostgresStore",
     "Priority",
     "Queue",
+    "QueueState",
     "SchemaError",
     "Stats",
     "StoreClosedError",

@@ -6,6 +6,9 @@
     venturi jobs [--status S] [--kind K]     list jobs, newest first
     venturi journal JOB_ID                   one job's journal
     venturi cleanup --older-than 7d          delete finished jobs (and their journal)
+    venturi queue pause NAME [--reason R] [--for 1h | --until TIME]
+    venturi queue resume NAME                resume a paused queue (workers wake at once)
+    venturi queue list                       queues with pending jobs or a pause
     venturi demo                             the demo (an embedded database without --dsn)
 
 Every command takes the DSN from --dsn or VENTURI_DSN and the prefix from --prefix or
@@ -44,6 +47,7 @@ from venturi._settings import check_queue_name
 from venturi.embedded import EmbeddedPostgresError
 from venturi.errors import SchemaError
 from venturi.jobs import CleanupCriteria, Job, JobFilter, JobStatus, JournalEntry, Stats
+from venturi.pauses import QueueState
 from venturi.postgres import DEFAULT_PREFIX, PostgresStore
 from venturi.queue import Queue
 from venturi.worker import Worker
@@ -79,6 +83,21 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO 8601 time with its UTC offset ('2026-12-01T18:00:00+01:00', '...Z')."""
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 time with its offset, like 2026-12-01T18:00:00Z, got {text!r}"
+        ) from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a time with its UTC offset (Z or +01:00), got {text!r}"
+        )
     return value
 
 
@@ -164,6 +183,24 @@ def _parser() -> argparse.ArgumentParser:
     cleanup.add_argument("--kind")
     cleanup.add_argument("--status", choices=["completed", "dead"])
 
+    queues = sub.add_parser("queue", help="pause, resume and list named queues")
+    queue_sub = queues.add_subparsers(dest="queue_command", required=True)
+    pause = queue_sub.add_parser(
+        "pause", parents=[common], help="stop claims from a queue (its jobs stay pending)"
+    )
+    pause.add_argument("name", help="the queue (it need not have jobs yet)")
+    pause.add_argument("--reason", help="why, for whoever lists the queues")
+    ends = pause.add_mutually_exclusive_group()
+    ends.add_argument(
+        "--for", dest="for_", type=parse_duration, help="resume by itself after this long (1h)"
+    )
+    ends.add_argument(
+        "--until", type=parse_time, help="resume by itself at this time (ISO 8601, with offset)"
+    )
+    resume = queue_sub.add_parser("resume", parents=[common], help="resume a paused queue")
+    resume.add_argument("name")
+    queue_sub.add_parser("list", parents=[common], help="queues with pending jobs or a pause")
+
     demo = sub.add_parser("demo", parents=[common], help="run the demo (embedded DB without --dsn)")
     demo.add_argument("--jobs", type=positive_int, default=3000)
     demo.add_argument("--concurrency", type=positive_int, default=8)
@@ -223,7 +260,64 @@ async def _run(args: argparse.Namespace) -> int:
             )
         elif args.command == "cleanup":
             await _cleanup(args, store)
+        elif args.command == "queue":
+            await _queue(args, queue)
     return 0
+
+
+async def _queue(args: argparse.Namespace, queue: Queue) -> None:
+    if args.queue_command == "pause":
+        until = args.until
+        if args.for_ is not None:
+            try:
+                until = datetime.now(UTC) + args.for_
+            except OverflowError:
+                raise UsageError(f"queue pause: --for {args.for_} is too long") from None
+        state = await queue.pause(args.name, reason=args.reason, until=until)
+        _out(args, _queue_json(state), f"paused {state.name}" + _pause_text(state))
+    elif args.queue_command == "resume":
+        was = await queue.resume(args.name)
+        _out(
+            args,
+            {"name": args.name, "was_paused": was},
+            f"resumed {args.name}" if was else f"{args.name} was not paused",
+        )
+    else:
+        states = await queue.queues()
+        _out(args, [_queue_json(s) for s in states], _queues_text(states))
+
+
+def _queue_json(s: QueueState) -> dict[str, Any]:
+    return {
+        "name": s.name,
+        "paused": s.paused,
+        "reason": s.reason,
+        "since": s.since.isoformat() if s.since else None,
+        "until": s.until.isoformat() if s.until else None,
+    }
+
+
+def _pause_text(s: QueueState) -> str:
+    until = f" until {s.until.isoformat(timespec='seconds')}" if s.until else ""
+    reason = f": {s.reason}" if s.reason else ""
+    return until + reason
+
+
+def _queues_text(states: list[QueueState]) -> str:
+    if not states:
+        return "no queues (none has pending jobs or a pause)"
+    rows = [("QUEUE", "STATE", "SINCE", "UNTIL", "REASON")]
+    for s in states:
+        rows.append(
+            (
+                s.name,
+                "paused" if s.paused else "active",
+                s.since.strftime("%Y-%m-%d %H:%M:%S") if s.since else "-",
+                s.until.strftime("%Y-%m-%d %H:%M:%S") if s.until else "-",
+                (s.reason or "")[:60],
+            )
+        )
+    return _table(rows)
 
 
 async def _worker(args: argparse.Namespace, store: PostgresStore) -> None:
@@ -331,6 +425,7 @@ def _stats_json(s: Stats) -> dict[str, Any]:
         "dead_by_kind": dict(s.dead_by_kind),
         "oldest_pending_age_by_kind": dict(s.oldest_pending_age_by_kind),
         "oldest_pending_age": s.oldest_pending_age,
+        "paused_queues": sorted(s.paused_queues),
     }
 
 
@@ -341,8 +436,9 @@ def _stats_text(s: Stats) -> str:
         | set(s.claimed_by_kind)
         | set(s.dead_by_kind)
     )
+    paused = f"\npaused queues: {', '.join(sorted(s.paused_queues))}" if s.paused_queues else ""
     if not kinds:
-        return "the queue is empty"
+        return "the queue is empty" + paused
     rows = [("KIND", "PENDING", "SCHEDULED", "CLAIMED", "DEAD", "OLDEST")]
     for k in kinds:
         age = s.oldest_pending_age_by_kind.get(k)
@@ -356,7 +452,7 @@ def _stats_text(s: Stats) -> str:
                 _age(age),
             )
         )
-    return _table(rows)
+    return _table(rows) + paused
 
 
 def _age(seconds: float | None) -> str:

@@ -53,6 +53,7 @@ from venturi.jobs import (
     JournalOutcome,
     Stats,
 )
+from venturi.pauses import QueueState
 
 DEFAULT_PREFIX = "venturi"
 
@@ -650,20 +651,25 @@ class PostgresStore:
         on_notify: Callable[[str], None],
         on_lost: Callable[[], None],
         on_lease: Callable[[str, float], None] | None = None,
+        on_queue: Callable[[str, bool], None] | None = None,
     ) -> AsyncIterator[Listening]:
         """Hold one connection LISTENing on the store's channel.
 
         `on_notify(kind)` runs for every job made claimable (an empty kind: any);
         `on_lease(queue, seconds)` for a claim that took leases ending sooner than any its
-        worker held; `on_lost()` when the connection terminates. Yields a handle to probe
-        the connection for liveness.
+        worker held; `on_queue(queue, paused)` when a queue is paused or resumed;
+        `on_lost()` when the connection terminates. Yields a handle to probe the connection
+        for liveness.
         """
 
         def control(_prefix: str, payload: str) -> None:
-            if on_lease is None or not payload.startswith(_LEASE_NOTICE):
-                return
-            _, seconds, queue = payload.split(" ", 2)
-            on_lease(queue, float(seconds))
+            if payload.startswith(_LEASE_NOTICE):
+                if on_lease is not None:
+                    _, seconds, queue = payload.split(" ", 2)
+                    on_lease(queue, float(seconds))
+            elif payload.startswith(_QUEUE_NOTICE) and on_queue is not None:
+                _, change, queue = payload.split(" ", 2)
+                on_queue(queue, change == "pause")
 
         async with self.listen_queues(
             [self._prefix], lambda _prefix, kind: on_notify(kind), on_lost, on_control=control
@@ -790,6 +796,7 @@ class PostgresStore:
     @_schema_required
     async def stats(self) -> Stats:
         rows = await self._run.fetch(self._q["stats"])
+        paused = await self._run.fetch(self._q["queue_list_paused"])
         pending: dict[str, int] = {}
         scheduled: dict[str, int] = {}
         claimed: dict[str, int] = {}
@@ -819,7 +826,45 @@ class PostgresStore:
             dead_by_kind=dead,
             oldest_pending_age_by_kind=oldest,
             completed_by_kind=completed,
+            paused_queues=frozenset(r["name"] for r in paused),
         )
+
+    # -- queue control ---------------------------------------------------------------
+
+    @_schema_required
+    async def pause_queue(
+        self, name: str, *, reason: str | None, until: datetime | None
+    ) -> QueueState:
+        """Pause the named queue (stored, announced to every worker at commit)."""
+        row = await self._run.fetchrow(
+            self._q["queue_pause"], name=name, reason=reason, until=until, channel=self.channel
+        )
+        assert row is not None
+        return QueueState(row["name"], True, row["reason"], row["paused_at"], row["paused_until"])
+
+    @_schema_required
+    async def resume_queue(self, name: str) -> bool:
+        """Resume the named queue; returns whether it was paused."""
+        was: bool = await self._run.fetchval(
+            self._q["queue_resume"], name=name, channel=self.channel
+        )
+        return was
+
+    @_schema_required
+    async def list_queues(self) -> list[QueueState]:
+        """Queues with pending jobs or a stored pause, by name."""
+        rows = await self._run.fetch(self._q["queue_list"])
+        return [
+            QueueState(r["name"], r["paused"], r["reason"], r["paused_at"], r["paused_until"])
+            for r in rows
+        ]
+
+    async def next_resume(self, queues: Sequence[str]) -> float | None:
+        """Seconds until the first of `queues` paused with an until resumes (None: none)."""
+        value: float | None = await self._run.fetchval(
+            self._q["queue_next_resume"], queues=list(queues)
+        )
+        return value
 
     @_schema_required
     async def claimed_by_pod(self) -> dict[str, int]:
@@ -869,6 +914,8 @@ def _journal(rows: Sequence[asyncpg.Record]) -> tuple[JournalEntry, ...]:
 
 _LEASE_NOTICE = "!lease "
 """Payload prefix of a claim's lease announcement: "!lease <seconds> <queue>"."""
+_QUEUE_NOTICE = "!queue "
+"""Payload prefix of a pause or resume: "!queue pause <queue>", "!queue resume <queue>"."""
 _POOL_ONLY = frozenset({"setup", "init", "max_queries", "max_inactive_connection_lifetime"})
 """Pool arguments that a single connection does not take."""
 

@@ -29,6 +29,7 @@ from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.hooks import Enqueued, Hooks
 from venturi.jobs import CleanupCriteria, Job, JobFilter, JobStatus, JournalEntry, Stats
 from venturi.merge import DedupKey, Merge, MergeAction, Pending
+from venturi.pauses import QueueState, check_reason, check_until
 from venturi.postgres import Connection, PostgresStore
 from venturi.task import Priority, Task, carry_type_of, kind_of
 
@@ -331,8 +332,30 @@ class Queue:
 
     async def stats(self) -> Stats:
         """Live counts by kind: pending (eligible), scheduled, claimed, dead, completed, oldest
-        age."""
+        age; and the queues paused now."""
         return await self.store.stats()
+
+    async def pause(
+        self, name: str, *, reason: str | None = None, until: datetime | None = None
+    ) -> QueueState:
+        """Pause the named queue: its jobs stay pending and no worker claims them (jobs
+        running now finish) until `resume(name)`, or until `until` (a timezone-aware
+        datetime) passes. Stored, so it survives every restart, and announced to every
+        worker at once. A queue that has no jobs yet may be paused; pausing a paused queue
+        updates its reason and until. Returns the queue's state."""
+        name = check_queue_name(name, setting="pause(name)")
+        reason = check_reason(reason)
+        until = check_until(until)
+        return await self.store.pause_queue(name, reason=reason, until=until)
+
+    async def resume(self, name: str) -> bool:
+        """Resume the named queue (idle workers serving it are woken at once); returns
+        whether it was paused."""
+        return await self.store.resume_queue(check_queue_name(name, setting="resume(name)"))
+
+    async def queues(self) -> list[QueueState]:
+        """Every queue with pending jobs or a stored pause, by name, paused or not."""
+        return await self.store.list_queues()
 
     async def claimed_by_pod(self) -> dict[str, int]:
         """Claimed jobs per pod name (the worker's `WorkerIdentity.pod`), busy pods only; jobs

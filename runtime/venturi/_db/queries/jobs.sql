@@ -44,13 +44,13 @@ WITH inserted AS (
 SELECT pg_notify(:channel, kind) FROM inserted;
 
 -- job_claim --
--- Claim up to :n eligible jobs of the queues :queues, in their order, of the kinds :kinds
--- (see the function's definition in migration 0004 for the claim order, the tier
--- reservations :reserved_low/:reserved_normal and the lease announcement :held_lease_s on
--- :channel). Rows come back in claim order.
+-- Claim up to :n eligible jobs of the queues :queues, in their order, skipping paused ones,
+-- of the kinds :kinds (see the claim function's definition in the migrations for the claim
+-- order, the tier reservations :reserved_low/:reserved_normal and the lease announcement
+-- :held_lease_s on :channel). Rows come back in claim order.
 SELECT id, kind, queue, payload, carry, run_count, failures, claim_token, lease_s,
        backoff_base_s, backoff_cap_s, waited_s, history
-FROM {prefix}_claim_v1(:queues, :kinds, :n, :reserved_low, :reserved_normal, :worker, :pod,
+FROM {prefix}_claim_v2(:queues, :kinds, :n, :reserved_low, :reserved_normal, :worker, :pod,
                        :default_lease_s, :held_lease_s, :channel);
 
 -- job_settle_many --

@@ -1,0 +1,127 @@
+-- Queue control: pausing a named queue, and a job's attempts and timeout.
+--
+-- {prefix}_queues holds what an operator decided about a queue: a paused queue's jobs stay
+-- pending and no claim takes them until it is resumed or its `paused_until` passes (a pause
+-- past its until is simply not a pause: nothing has to run at that moment to end it). One row
+-- per queue ever paused, written by `pause`/`resume` only; the claim reads it by primary key,
+-- once per queue it serves, so the hot path never joins it.
+CREATE TABLE {prefix}_queues (
+    name          text        PRIMARY KEY,
+    paused_at     timestamptz,                -- NULL: not paused
+    paused_until  timestamptz,                -- NULL: paused until resumed
+    reason        text,
+    updated_at    timestamptz NOT NULL DEFAULT now(),
+    CHECK (paused_at IS NOT NULL OR (paused_until IS NULL AND reason IS NULL))
+);
+
+-- The claim, version 2: version 1 (kept, so workers of the previous release keep claiming
+-- during a rolling deploy; they do not see pauses) plus the pause check.
+CREATE FUNCTION {prefix}_claim_v2(
+    queues text[],
+    kinds text[],
+    n integer,
+    reserved_low integer,
+    reserved_normal integer,
+    worker text,
+    pod text,
+    default_lease_s double precision,
+    held_lease_s double precision,
+    channel text
+) RETURNS TABLE (
+    id uuid,
+    kind text,
+    queue text,
+    payload text,
+    carry text,
+    run_count integer,
+    failures integer,
+    claim_token uuid,
+    lease_s double precision,
+    backoff_base_s double precision,
+    backoff_cap_s double precision,
+    waited_s double precision,
+    history text
+) LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    q text;
+    taken integer := 0;
+    got integer;
+    low integer;
+    normal integer;
+BEGIN
+    FOREACH q IN ARRAY queues LOOP
+        EXIT WHEN taken >= n;
+        -- A paused queue is skipped (its jobs stay pending), unless its pause has run out.
+        CONTINUE WHEN EXISTS (
+            SELECT 1 FROM {prefix}_queues AS p
+            WHERE p.name = q AND p.paused_at IS NOT NULL
+              AND (p.paused_until IS NULL OR p.paused_until > now())
+        );
+        low := reserved_low * (n - taken) / n;
+        normal := reserved_normal * (n - taken) / n;
+        RETURN QUERY
+        WITH p0 AS (
+            SELECT j.id FROM {prefix}_jobs AS j
+            WHERE j.status = 'pending' AND j.queue = q AND j.kind = ANY(kinds)
+              AND j.priority <= 0 AND j.run_at <= now()
+            ORDER BY j.priority DESC, j.run_at, j.id
+            LIMIT low
+            FOR UPDATE SKIP LOCKED
+        ), p1 AS (
+            SELECT j.id FROM {prefix}_jobs AS j
+            WHERE j.status = 'pending' AND j.queue = q AND j.kind = ANY(kinds)
+              AND j.priority <= 1 AND j.run_at <= now() AND j.id NOT IN (SELECT id FROM p0)
+            ORDER BY j.priority DESC, j.run_at, j.id
+            LIMIT low + normal - (SELECT count(*) FROM p0)
+            FOR UPDATE SKIP LOCKED
+        ), p2 AS (
+            SELECT j.id FROM {prefix}_jobs AS j
+            WHERE j.status = 'pending' AND j.queue = q AND j.kind = ANY(kinds)
+              AND j.run_at <= now()
+              AND j.id NOT IN (SELECT id FROM p0 UNION ALL SELECT id FROM p1)
+            ORDER BY j.priority DESC, j.run_at, j.id
+            LIMIT n - taken - (SELECT count(*) FROM p0) - (SELECT count(*) FROM p1)
+            FOR UPDATE SKIP LOCKED
+        ), picked AS (
+            SELECT id FROM p0 UNION ALL SELECT id FROM p1 UNION ALL SELECT id FROM p2
+        ), claimed AS (
+            UPDATE {prefix}_jobs AS j SET
+                status = 'claimed',
+                run_count = j.run_count + 1,
+                claim_token = gen_random_uuid(),
+                claimed_at = now(),
+                claimed_by = worker,
+                claimed_pod = pod,
+                lease_until = now() + make_interval(secs => coalesce(j.lease_s, default_lease_s))
+            -- = ANY(ARRAY(...)) rather than a join: the planner cannot estimate the CTEs' row
+            -- counts (their LIMITs are expressions) and would hash-join a scan of the table.
+            WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
+            RETURNING j.id, j.kind, j.queue, j.payload, j.carry, j.run_count, j.failures,
+                      j.claim_token, coalesce(j.lease_s, default_lease_s) AS lease_s,
+                      j.backoff_base_s, j.backoff_cap_s, j.priority, j.run_at, j.dedup_key
+        ), announced AS (
+            SELECT pg_notify(channel, '!lease ' || min(c.lease_s)::text || ' ' || q)
+            FROM claimed AS c
+            HAVING count(*) > 0 AND (held_lease_s IS NULL OR min(c.lease_s) < held_lease_s)
+        )
+        -- In claim order: a worker that holds some jobs back (prefetch) starts them in order.
+        SELECT c.id, c.kind, c.queue, c.payload::text, c.carry::text, c.run_count, c.failures,
+               c.claim_token, c.lease_s, c.backoff_base_s, c.backoff_cap_s,
+               extract(epoch FROM now() - c.run_at)::float8,
+               -- A first run has no history unless a merge journaled one (merges need a
+               -- dedup key), so most claims skip the journal entirely.
+               CASE WHEN c.run_count > 1 OR c.dedup_key IS NOT NULL THEN
+               (SELECT jsonb_agg(jsonb_build_object(
+                           'run', h.run, 'outcome', h.outcome, 'at', h.at, 'note', h.note,
+                           'attachment', h.attachment, 'duration_s', h.duration_s,
+                           'worker', h.worker) ORDER BY h.id)
+                FROM {prefix}_journal AS h WHERE h.job_id = c.id)::text END
+        FROM claimed AS c
+        WHERE (SELECT count(*) FROM announced) >= 0  -- always true: makes the CTE run
+        ORDER BY c.priority DESC, c.run_at, c.id;
+        GET DIAGNOSTICS got = ROW_COUNT;
+        taken := taken + got;
+    END LOOP;
+END
+$$;
