@@ -32,6 +32,8 @@ class NewJob:
     backoff_base_s: float | None = None
     backoff_cap_s: float | None = None
     dedup_key: str | None = None
+    max_attempts: int | None = None
+    timeout_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -56,6 +58,8 @@ class NewJobs:
     dedup_keys: Sequence[str | None] | None = None
     queues: Sequence[str] | None = None
     """Each job's named queue, when a batch spans several; None: every job is in `queue`."""
+    max_attempts: Sequence[int | None] | None = None
+    timeout_s: Sequence[float | None] | None = None
 
     def __post_init__(self) -> None:
         # A short column would be padded with NULLs by unnest(): refuse it here instead.
@@ -71,6 +75,8 @@ class NewJobs:
             self.backoff_cap_s,
             self.dedup_keys,
             self.queues,
+            self.max_attempts,
+            self.timeout_s,
         ):
             if column is not None and len(column) != n:
                 raise ValueError(f"NewJobs: every column must hold {n} values, one per job")
@@ -95,6 +101,8 @@ class NewJobs:
                 backoff_base_s=None if j.backoff_base_s is None else [j.backoff_base_s],
                 backoff_cap_s=None if j.backoff_cap_s is None else [j.backoff_cap_s],
                 dedup_keys=None if j.dedup_key is None else [j.dedup_key],
+                max_attempts=None if j.max_attempts is None else [j.max_attempts],
+                timeout_s=None if j.timeout_s is None else [j.timeout_s],
             )
         queue = jobs[0].queue if jobs else ""
         mixed = any(j.queue != queue for j in jobs)
@@ -111,6 +119,8 @@ class NewJobs:
             backoff_cap_s=_optional([j.backoff_cap_s for j in jobs]),
             dedup_keys=_optional([j.dedup_key for j in jobs]),
             queues=[j.queue for j in jobs] if mixed else None,
+            max_attempts=_optional([j.max_attempts for j in jobs]),
+            timeout_s=_optional([j.timeout_s for j in jobs]),
         )
 
 
@@ -139,6 +149,10 @@ class ClaimedJob:
     backoff_cap_s: float | None
     waited_s: float
     history: tuple[JournalEntry, ...]
+    max_attempts: int | None = None
+    """The task's limit on failed executions (None: the worker's backstop alone)."""
+    timeout_s: float | None = None
+    """How long one run may take (None: no limit)."""
 
 
 SettledAs = Literal["completed", "paused", "failed", "dead", "released", "returned"]
@@ -188,6 +202,7 @@ class StaleJob:
     backoff_base_s: float | None
     backoff_cap_s: float | None
     claimed_by: str | None
+    max_attempts: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

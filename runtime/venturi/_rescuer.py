@@ -25,7 +25,7 @@ import math
 
 from venturi import logs
 from venturi._db.failures import is_database_failure
-from venturi._executor import Policy, job_backoff
+from venturi._executor import Policy, job_backoff, limit_note
 from venturi._hooks import HookSet
 from venturi._outage import Outage, next_delay
 from venturi._records import Recovery, StaleJob
@@ -42,15 +42,14 @@ EXPIRY_SLACK = 0.05
 
 
 def decide_recoveries(stale: list[StaleJob], policy: Policy) -> list[Recovery]:
-    """Pure: for each stale job, re-pend with backoff, or dead at the backstop."""
+    """Pure: for each stale job, re-pend with backoff, or dead when out of attempts."""
     decisions = []
     for job in stale:
         failures = job.failures + 1
         held = f"lease expired while held by {job.claimed_by or 'an unknown worker'}"
-        if policy.backstop is not None and failures >= policy.backstop:
-            decisions.append(
-                Recovery(job.id, True, 0.0, f"{held}; backstop reached after {failures} failures")
-            )
+        used_up = limit_note(job, policy, failures)
+        if used_up is not None:
+            decisions.append(Recovery(job.id, True, 0.0, f"{held}; {used_up}"))
         else:
             delay = retry_delay(
                 job_backoff(job, policy), failures, job.id.bytes, policy.jitter_fraction

@@ -414,6 +414,8 @@ class PostgresStore:
             "backoff_base_s": _first(jobs.backoff_base_s),
             "backoff_cap_s": _first(jobs.backoff_cap_s),
             "dedup_key": _first(jobs.dedup_keys),
+            "max_attempts": _first(jobs.max_attempts),
+            "timeout_s": _first(jobs.timeout_s),
             "channel": self.channel,
         }
 
@@ -431,6 +433,8 @@ class PostgresStore:
             "backoff_cap_s": _column(jobs.backoff_cap_s),
             "dedup_keys": _column(jobs.dedup_keys),
             "queues": jobs.queues,
+            "max_attempts": _column(jobs.max_attempts),
+            "timeout_s": _column(jobs.timeout_s),
             "channel": self.channel,
             "wake_kinds": list(set(jobs.kinds)),
         }
@@ -535,6 +539,8 @@ class PostgresStore:
                 backoff_cap_s=r["backoff_cap_s"],
                 waited_s=r["waited_s"],
                 history=_history(r["history"]),
+                max_attempts=r["max_attempts"],
+                timeout_s=r["timeout_s"],
             )
             for r in rows
         ]
@@ -605,6 +611,7 @@ class PostgresStore:
                     backoff_base_s=r["backoff_base_s"],
                     backoff_cap_s=r["backoff_cap_s"],
                     claimed_by=r["claimed_by"],
+                    max_attempts=r["max_attempts"],
                 )
                 for r in rows
             ]

@@ -23,7 +23,13 @@ from ulid import ULID
 
 from venturi._hooks import hook_set
 from venturi._records import ExistingJob, MergePlan, NewJob, NewJobs
-from venturi._settings import DEFAULT_QUEUE, check_lease, check_queue_name
+from venturi._settings import (
+    DEFAULT_QUEUE,
+    check_lease,
+    check_max_attempts,
+    check_queue_name,
+    check_timeout,
+)
 from venturi.backoff import MAX_DELAY, Backoff, Seconds, to_seconds
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.hooks import Enqueued, Hooks
@@ -40,7 +46,7 @@ _KINDS: dict[type[Any], str] = {}
 _NO_POLICY: dict[type[Any], bool] = {}
 """Per task class: True when it overrides none of the enqueue-time policy hooks, so the
 bulk path can skip calling them per job."""
-_HOOKS = ("priority", "lease", "backoff", "dedup_key")
+_HOOKS = ("priority", "lease", "backoff", "dedup_key", "max_attempts", "timeout")
 _NORMAL = int(Priority.NORMAL)
 
 
@@ -385,6 +391,8 @@ class Queue:
         dedup = task.dedup_key()
         if dedup is not None and not isinstance(dedup, DedupKey):
             raise TypeError(f"{kind}.dedup_key() must return a DedupKey or None, got {dedup!r}")
+        attempts = task.max_attempts()
+        timeout = task.timeout()
         return NewJob(
             id=job_id if job_id is not None else new_ids(1)[0],
             kind=kind,
@@ -397,6 +405,14 @@ class Queue:
             backoff_base_s=backoff.base if backoff is not None else None,
             backoff_cap_s=backoff.cap if backoff is not None else None,
             dedup_key=dedup.value if dedup is not None else None,
+            max_attempts=(
+                None
+                if attempts is None
+                else check_max_attempts(attempts, setting=f"{kind}.max_attempts()")
+            ),
+            timeout_s=None
+            if timeout is None
+            else check_timeout(timeout, setting=f"{kind}.timeout()"),
         )
 
     @staticmethod

@@ -14,8 +14,18 @@ CREATE TABLE {prefix}_queues (
     CHECK (paused_at IS NOT NULL OR (paused_until IS NULL AND reason IS NULL))
 );
 
+-- A job's attempts and timeout, set at enqueue by its task (NULL: the worker's backstop alone;
+-- no timeout). A timeout is at most 29 days, so the lease that must outlast it by a minute
+-- stays within the 30 days a lease may last.
+ALTER TABLE {prefix}_jobs
+    ADD COLUMN max_attempts integer CHECK (max_attempts >= 1),
+    ADD COLUMN timeout_s double precision CHECK (timeout_s > 0 AND timeout_s <= 2505600);
+
 -- The claim, version 2: version 1 (kept, so workers of the previous release keep claiming
--- during a rolling deploy; they do not see pauses) plus the pause check.
+-- during a rolling deploy; they see neither pauses nor timeouts) plus the pause check, a
+-- lease that outlasts the job's timeout by a minute (a stuck run is renewed while it lives,
+-- but a worker that dies mid-run must not have its job taken while the run could still be
+-- going), and the job's max_attempts and timeout_s returned.
 CREATE FUNCTION {prefix}_claim_v2(
     queues text[],
     kinds text[],
@@ -40,7 +50,9 @@ CREATE FUNCTION {prefix}_claim_v2(
     backoff_base_s double precision,
     backoff_cap_s double precision,
     waited_s double precision,
-    history text
+    history text,
+    max_attempts integer,
+    timeout_s double precision
 ) LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -93,13 +105,17 @@ BEGIN
                 claimed_at = now(),
                 claimed_by = worker,
                 claimed_pod = pod,
-                lease_until = now() + make_interval(secs => coalesce(j.lease_s, default_lease_s))
+                lease_until = now() + make_interval(secs => least(2592000, greatest(
+                    coalesce(j.lease_s, default_lease_s), j.timeout_s + 60)))
             -- = ANY(ARRAY(...)) rather than a join: the planner cannot estimate the CTEs' row
             -- counts (their LIMITs are expressions) and would hash-join a scan of the table.
             WHERE j.id = ANY (ARRAY(SELECT id FROM picked))
             RETURNING j.id, j.kind, j.queue, j.payload, j.carry, j.run_count, j.failures,
-                      j.claim_token, coalesce(j.lease_s, default_lease_s) AS lease_s,
-                      j.backoff_base_s, j.backoff_cap_s, j.priority, j.run_at, j.dedup_key
+                      j.claim_token,
+                      least(2592000, greatest(coalesce(j.lease_s, default_lease_s),
+                                              j.timeout_s + 60)) AS lease_s,
+                      j.backoff_base_s, j.backoff_cap_s, j.priority, j.run_at, j.dedup_key,
+                      j.max_attempts, j.timeout_s
         ), announced AS (
             SELECT pg_notify(channel, '!lease ' || min(c.lease_s)::text || ' ' || q)
             FROM claimed AS c
@@ -116,7 +132,8 @@ BEGIN
                            'run', h.run, 'outcome', h.outcome, 'at', h.at, 'note', h.note,
                            'attachment', h.attachment, 'duration_s', h.duration_s,
                            'worker', h.worker) ORDER BY h.id)
-                FROM {prefix}_journal AS h WHERE h.job_id = c.id)::text END
+                FROM {prefix}_journal AS h WHERE h.job_id = c.id)::text END,
+               c.max_attempts, c.timeout_s
         FROM claimed AS c
         WHERE (SELECT count(*) FROM announced) >= 0  -- always true: makes the CTE run
         ORDER BY c.priority DESC, c.run_at, c.id;

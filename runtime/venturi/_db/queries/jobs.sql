@@ -14,16 +14,18 @@
 -- Every job goes to :queue, unless :queues (a batch spanning several queues) names each one's.
 WITH inserted AS (
     INSERT INTO {prefix}_jobs (id, kind, queue, priority, run_at, payload,
-                               lease_s, backoff_base_s, backoff_cap_s, dedup_key)
+                               lease_s, backoff_base_s, backoff_cap_s, dedup_key,
+                               max_attempts, timeout_s)
     SELECT r.id, r.kind, coalesce(r.queue, :queue), r.priority,
            coalesce(r.run_at, now() + make_interval(secs => coalesce(r.delay_s, 0))),
-           r.payload::jsonb, r.lease_s, r.backoff_base_s, r.backoff_cap_s, r.dedup_key
+           r.payload::jsonb, r.lease_s, r.backoff_base_s, r.backoff_cap_s, r.dedup_key,
+           r.max_attempts, r.timeout_s
     FROM unnest(:ids::uuid[], :kinds::text[], :priorities::smallint[], :run_at::timestamptz[],
                 :delay_s::float8[], :payloads::text[], :lease_s::float8[],
                 :backoff_base_s::float8[], :backoff_cap_s::float8[], :dedup_keys::text[],
-                :queues::text[])
+                :queues::text[], :max_attempts::integer[], :timeout_s::float8[])
          AS r(id, kind, priority, run_at, delay_s, payload,
-              lease_s, backoff_base_s, backoff_cap_s, dedup_key, queue)
+              lease_s, backoff_base_s, backoff_cap_s, dedup_key, queue, max_attempts, timeout_s)
 )
 SELECT pg_notify(:channel, w.kind) FROM unnest(:wake_kinds::text[]) AS w(kind);
 
@@ -34,11 +36,13 @@ SELECT pg_notify(:channel, w.kind) FROM unnest(:wake_kinds::text[]) AS w(kind);
 -- checks that both store the same row).
 WITH inserted AS (
     INSERT INTO {prefix}_jobs (id, kind, queue, priority, run_at, payload,
-                               lease_s, backoff_base_s, backoff_cap_s, dedup_key)
+                               lease_s, backoff_base_s, backoff_cap_s, dedup_key,
+                               max_attempts, timeout_s)
     -- The delay's cast: coalesce(:delay_s, 0) alone would type it integer (1.2 s -> 1 s).
     VALUES (:id, :kind, :queue, :priority,
             coalesce(:run_at, now() + make_interval(secs => coalesce(:delay_s::float8, 0))),
-            :payload::text::jsonb, :lease_s, :backoff_base_s, :backoff_cap_s, :dedup_key)
+            :payload::text::jsonb, :lease_s, :backoff_base_s, :backoff_cap_s, :dedup_key,
+            :max_attempts::integer, :timeout_s::float8)
     RETURNING kind
 )
 SELECT pg_notify(:channel, kind) FROM inserted;
@@ -49,7 +53,7 @@ SELECT pg_notify(:channel, kind) FROM inserted;
 -- order, the tier reservations :reserved_low/:reserved_normal and the lease announcement
 -- :held_lease_s on :channel). Rows come back in claim order.
 SELECT id, kind, queue, payload, carry, run_count, failures, claim_token, lease_s,
-       backoff_base_s, backoff_cap_s, waited_s, history
+       backoff_base_s, backoff_cap_s, waited_s, history, max_attempts, timeout_s
 FROM {prefix}_claim_v2(:queues, :kinds, :n, :reserved_low, :reserved_normal, :worker, :pod,
                        :default_lease_s, :held_lease_s, :channel);
 

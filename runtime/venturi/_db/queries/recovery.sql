@@ -3,7 +3,8 @@
 -- job_select_stale --
 -- Lock claimed jobs of :queues whose lease expired, oldest first, at most :limit. Each
 -- queue's own workers recover its jobs, by its own policy.
-SELECT id, kind, run_count, failures, backoff_base_s, backoff_cap_s, claimed_by, claim_token
+SELECT id, kind, run_count, failures, backoff_base_s, backoff_cap_s, claimed_by, claim_token,
+       max_attempts
 FROM {prefix}_jobs
 WHERE status = 'claimed' AND lease_until < now() AND queue = ANY(:queues::text[])
 ORDER BY lease_until
@@ -11,7 +12,7 @@ LIMIT :limit
 FOR UPDATE SKIP LOCKED;
 
 -- job_recover_many --
--- Re-pend (with backoff) or kill (backstop reached) jobs locked by job_select_stale.
+-- Re-pend (with backoff) or kill (attempts used up) jobs locked by job_select_stale.
 WITH r AS (
     SELECT * FROM unnest(:ids::uuid[], :tokens::uuid[], :dead::bool[], :delay_s::float8[],
                          :notes::text[])
