@@ -68,6 +68,16 @@ def _task_queue(task_type: type[Any]) -> str | None:
         return _TASK_QUEUES.setdefault(task_type, value)
 
 
+def _hook(task: Task[Any], name: str) -> Any:
+    """What the task's policy method `name` returns, None when its class defines none. Looked
+    up on the class, so a payload field of that name (an HTTP task's `timeout`, say) stays
+    payload and sets no policy."""
+    method = getattr(type(task), name)
+    if method is getattr(Task, name) or not callable(method):
+        return None
+    return method(task)
+
+
 def _call_queue(queue: str | None) -> str | None:
     return None if queue is None else check_queue_name(queue, setting="enqueue(queue=)")
 
@@ -391,8 +401,8 @@ class Queue:
         dedup = task.dedup_key()
         if dedup is not None and not isinstance(dedup, DedupKey):
             raise TypeError(f"{kind}.dedup_key() must return a DedupKey or None, got {dedup!r}")
-        attempts = task.max_attempts()
-        timeout = task.timeout()
+        attempts = _hook(task, "max_attempts")
+        timeout = _hook(task, "timeout")
         return NewJob(
             id=job_id if job_id is not None else new_ids(1)[0],
             kind=kind,

@@ -337,3 +337,26 @@ async def test_without_limits_the_context_shows_the_backstop(queue: Queue) -> No
         async with running(worker):
             await until_status(queue, job_id, JobStatus.COMPLETED)
         assert ran == [expected]
+
+
+@dataclass
+class Fetch(Task):
+    """A payload with fields named like the policy methods (mypy says they shadow them): at
+    run time they stay payload."""
+
+    KIND = "attempts.fetch"
+    url: str
+    timeout: float  # type: ignore[assignment]
+    max_attempts: int = 0  # type: ignore[assignment]
+
+
+async def test_fields_named_like_the_policies_stay_payload(queue: Queue) -> None:
+    ids = [await queue.enqueue(Fetch("https://example.com", 5.0))]
+    ids += await queue.enqueue_many([Fetch("https://example.com", 0.0, max_attempts=-1)] * 2)
+    claimed = await queue.store.claim(
+        queues=["default"], kinds=[Fetch.KIND], limit=5, worker="w", pod=None,
+        default_lease_s=300,
+    )  # fmt: skip
+    assert {(c.timeout_s, c.max_attempts, c.lease_s) for c in claimed} == {(None, None, 300)}
+    job = await queue.job(ids[0])
+    assert job is not None and job.payload["timeout"] == 5.0
