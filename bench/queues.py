@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import statistics
 import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from venturi import Context, Outcome, PostgresStore, Queue, Task, Worker
 from venturi.embedded import EmbeddedPostgres
@@ -70,38 +72,51 @@ async def drain(dsn: str, n: int, served: Sequence[str], into: Sequence[str]) ->
         return n / (end - first)
 
 
-async def pickups(dsn: str, served: Sequence[str], into: str, times: int) -> list[float]:
-    """Milliseconds from enqueue to handler start, one job at a time, into `into`."""
-    prefix = f"bq_{uuid.uuid4().hex[:10]}"
-    async with await PostgresStore.connect(dsn, prefix=prefix, max_size=20) as store:
-        await store.migrate()
-        started = asyncio.Event()
-        at = 0.0
-
-        async def handle(task: Noop, ctx: Context[None], app: None) -> Outcome:
-            nonlocal at
-            at = time.perf_counter()
-            started.set()
-            return Outcome.completed()
-
-        worker = Worker(None, store, concurrency=16, queues=list(served))
-        worker.register(Noop, handle)
+async def pickups(dsn: str, times: int) -> dict[str, list[float]]:
+    """Milliseconds from enqueue to handler start, one job at a time into the last queue of
+    an idle worker: one serving ["c"], one serving ["a", "b", "c"], each on a prefix of its
+    own, measured in turns so that the machine's noise hits both alike."""
+    layouts = {"1 queue": ["c"], "3 queues": ["a", "b", "c"]}
+    found: dict[str, list[float]] = {name: [] for name in layouts}
+    async with contextlib.AsyncExitStack() as stack:
+        queues: dict[str, Queue] = {}
+        started: dict[str, asyncio.Event] = {}
+        at: dict[str, float] = {}
         shutdown = asyncio.Event()
-        run = asyncio.create_task(worker.run(shutdown))
-        await worker.ready.wait()
-        queue = Queue(store, queue=into)
-        found = []
+        runs = []
+        for name, served in layouts.items():
+            prefix = f"bq_{uuid.uuid4().hex[:10]}"
+            store = await stack.enter_async_context(
+                await PostgresStore.connect(dsn, prefix=prefix, max_size=20)
+            )
+            await store.migrate()
+            started[name] = asyncio.Event()
+
+            def handler(name: str) -> Any:
+                async def handle(task: Noop, ctx: Context[None], app: None) -> Outcome:
+                    at[name] = time.perf_counter()
+                    started[name].set()
+                    return Outcome.completed()
+
+                return handle
+
+            worker = Worker(None, store, concurrency=16, queues=served)
+            worker.register(Noop, handler(name))
+            runs.append(asyncio.create_task(worker.run(shutdown)))
+            await worker.ready.wait()
+            queues[name] = Queue(store, queue="c")
         for i in range(times + 5):
-            started.clear()
-            await asyncio.sleep(0.02)  # let the worker go idle (waiting on LISTEN)
-            await queue.enqueue(Noop(i))
-            sent = time.perf_counter()
-            await started.wait()
-            if i >= 5:  # warm-up
-                found.append((at - sent) * 1000)
+            for name in layouts:
+                started[name].clear()
+                await asyncio.sleep(0.02)  # let the worker go idle (waiting on LISTEN)
+                await queues[name].enqueue(Noop(i))
+                sent = time.perf_counter()
+                await started[name].wait()
+                if i >= 5:  # warm-up
+                    found[name].append((at[name] - sent) * 1000)
         shutdown.set()
-        await run
-        return found
+        await asyncio.gather(*runs)
+    return found
 
 
 def _range(values: Sequence[float]) -> str:
@@ -125,13 +140,17 @@ async def main(dsn: str, n: int, reps: int, times: int) -> None:
     one = statistics.median(results["1 queue"])
     for name in ("3 split", "3 last"):
         print(f"  {name} / 1 queue (medians): {statistics.median(results[name]) / one:.2f}")
-    print(f"pickup of the last queue, the others empty, {times} jobs, ms:")
-    for label, served in (("1 queue", ["c"]), ("3 queues", three)):
-        found = sorted(await pickups(dsn, served, "c", times))
-        p95 = found[int(len(found) * 0.95) - 1]
+    print(f"pickup of the last queue, the others empty, {times} jobs each, in turns, ms:")
+    found = await pickups(dsn, times)
+    for label, values in found.items():
+        ordered = sorted(values)
+        p95 = ordered[int(len(ordered) * 0.95) - 1]
         print(
-            f"  {label:8} median {statistics.median(found):.2f}  p95 {p95:.2f}  max {found[-1]:.2f}"
+            f"  {label:8} median {statistics.median(ordered):.2f}  p95 {p95:.2f}  "
+            f"max {ordered[-1]:.2f}"
         )
+    paired = [b - a for a, b in zip(found["1 queue"], found["3 queues"], strict=True)]
+    print(f"  3 queues - 1 queue, paired: median {statistics.median(paired):+.2f}")
 
 
 if __name__ == "__main__":

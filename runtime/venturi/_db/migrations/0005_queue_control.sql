@@ -23,9 +23,10 @@ ALTER TABLE {prefix}_jobs
 
 -- The claim, version 2: version 1 (kept, so workers of the previous release keep claiming
 -- during a rolling deploy; they see neither pauses nor timeouts) plus the pause check, a
--- lease that outlasts the job's timeout by a minute (a stuck run is renewed while it lives,
--- but a worker that dies mid-run must not have its job taken while the run could still be
--- going), and the job's max_attempts and timeout_s returned. Its statements run on generic
+-- lease that outlasts the job's timeout by a minute (so a run reaches its timeout without a
+-- single renewal: a worker cut off from the database neither aborts the run nor has its job
+-- recovered elsewhere before the run's own timeout has ended it), and the job's max_attempts
+-- and timeout_s returned. Its statements run on generic
 -- plans: with custom ones PL/pgSQL re-plans the claim's statement for every queue of every
 -- call (the parameters differ each time), and planning, not running, was most of a claim's
 -- cost, most of all for the empty queues a strict-order claim passes over (measured: a claim
