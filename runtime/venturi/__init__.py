@@ -32,6 +32,7 @@ from venturi.maintenance import MaintenanceService, Retention
 from venturi.merge import DedupKey, Merge, Pending
 from venturi.middleware import CallNext, Middleware
 from venturi.outcome import Outcome, PanicPolicy, TaskError
+from venturi.pauses import QueueState
 from venturi.postgres import PostgresStore
 from venturi.queue import Queue
 from venturi.registry import WorkerInfo
@@ -70,6 +71,7 @@ __all__ = [
     "PostgresStore",
     "Priority",
     "Queue",
+    "QueueState",
     "Retention",
     "SchemaError",
     "SealedCodec",

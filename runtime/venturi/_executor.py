@@ -1,7 +1,13 @@
 """The executor: runs one claimed job through its handler and turns what happened into a
 `Settlement` (the outcome the completer writes). Pure mapping plus the handler call
 (through the worker's middleware, composed once per registration): decoding, the four
-outcomes, backoff and backstop, the panic policy, and release on abort.
+outcomes, backoff, the attempt limit (the task's max_attempts, the worker's backstop), the
+panic policy, the per-run timeout, and release on abort.
+
+A run that outlives its task's timeout is cancelled (its context says TIMEOUT) and settled
+as a failed execution recorded as a timeout, but only once it has exited: a handler that
+ignores the cancellation is reported (`STUCK_AFTER`) and keeps its slot, and its job's
+lease, until it returns, so the job never runs twice at once.
 
 Only a cancellation venturi asked for (shutdown, a lost lease) releases a job; anything
 else a handler raises, `CancelledError`, `KeyboardInterrupt` and `SystemExit` included, is
@@ -29,13 +35,17 @@ from venturi import logs
 from venturi._records import ClaimedJob, Settlement
 from venturi.backoff import Backoff, retry_delay
 from venturi.codec import DEFAULT_CODEC, Codec
-from venturi.context import Cancellation, Context
+from venturi.context import Cancellation, CancelReason, Context
 from venturi.errors import PayloadError
 from venturi.outcome import Outcome, PanicPolicy, TaskError, failure_note
 
 logger = logging.getLogger(__name__)
 
 Handler = Callable[[Any, Context[Any], Any], Awaitable[Outcome | None]]
+
+STUCK_AFTER = 10.0
+"""Seconds after a run's timeout cancelled it: a handler still running then is reported as
+ignoring the cancellation (once; it keeps its slot until it returns)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,12 +96,21 @@ async def execute(
         carry=carry,
         cancellation=cancellation,
         trace_context=job.trace_context,
+        attempt=job.failures + 1,
+        max_attempts=attempt_limit(job, policy),
     )
     started = time.monotonic()
+    deadline = None if job.timeout_s is None else _Deadline(job, cancellation, log_extra)
+    timed_out = False
     try:
-        with logs.bound(log_extra):  # the handler's own records name its job too
-            result = await reg.handler(task, ctx, app)
+        try:
+            with logs.bound(log_extra):  # the handler's own records name its job too
+                result = await reg.handler(task, ctx, app)
+        finally:
+            timed_out = deadline is not None and deadline.close()
     except asyncio.CancelledError:
+        if timed_out and not cancellation.forced:
+            return _timed_out(job, ctx, policy, started, deadline)
         reason = cancellation.note if cancellation.forced else None
         if reason is None:
             current = asyncio.current_task()
@@ -109,8 +128,12 @@ async def execute(
             duration_s=time.monotonic() - started,
         )
     except TaskError as exc:
+        if timed_out:
+            return _timed_out(job, ctx, policy, started, deadline)
         return _failure(job, ctx, policy, exc, started, permanent=exc.is_permanent)
     except (Exception, KeyboardInterrupt, SystemExit) as exc:
+        if timed_out:  # raised on the way out of the cancellation: the timeout's doing
+            return _timed_out(job, ctx, policy, started, deadline)
         # KeyboardInterrupt and SystemExit from a handler are the handler's own (asyncio.run
         # turns a real Ctrl-C into a cancellation of the main task, not an exception here):
         # they fail this run, and the worker keeps running the others.
@@ -118,6 +141,8 @@ async def execute(
         permanent = policy.panic_policy is PanicPolicy.DEAD
         return _failure(job, ctx, policy, exc, started, permanent=permanent)
 
+    if timed_out:  # it swallowed the cancellation and returned: the run was still too long
+        return _timed_out(job, ctx, policy, started, deadline)
     duration = time.monotonic() - started
     attachment = ctx.attachment.decode() if ctx.attachment is not None else None
     if result is None:
@@ -150,6 +175,72 @@ async def execute(
         duration_s=duration,
         unrecordable=unrecordable,
     )
+
+
+class _Deadline:
+    """The timeout of one run: when it passes, ask the run to stop (TIMEOUT) and cancel its
+    task; if the task is still running `STUCK_AFTER` later, report it."""
+
+    def __init__(self, job: ClaimedJob, cancellation: Cancellation, log_extra: Any) -> None:
+        assert job.timeout_s is not None
+        self._job = job
+        self._cancellation = cancellation
+        self._log_extra = log_extra
+        self._task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        self._timer: asyncio.TimerHandle | None = self._loop.call_later(job.timeout_s, self._fire)
+        self.fired_at: float | None = None
+        self.stuck = False
+
+    def _fire(self) -> None:
+        self.fired_at = self._loop.time()
+        self._cancellation.request(CancelReason.TIMEOUT)
+        if self._task is not None:
+            self._task.cancel()
+        self._timer = self._loop.call_later(STUCK_AFTER, self._report)
+
+    def _report(self) -> None:
+        self.stuck = True
+        self._timer = None
+        job = self._job
+        logger.error(
+            "job %s (%s): the handler ignored its timeout's cancellation for %.0fs; its slot "
+            "stays held, and the job claimed, until it returns",
+            job.id,
+            job.kind,
+            STUCK_AFTER,
+            extra=self._log_extra,
+        )
+
+    def close(self) -> bool:
+        """The run has exited: stop the timers; True if the timeout fired."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self.fired_at is None:
+            return False
+        if self._task is not None:
+            self._task.uncancel()  # the cancellation was ours, and it is handled here
+        if self.stuck:
+            logger.warning(
+                "job %s (%s): the handler that ignored its timeout returned %.0fs after it",
+                self._job.id,
+                self._job.kind,
+                self._loop.time() - self.fired_at,
+                extra=self._log_extra,
+            )
+        return True
+
+
+def _timed_out(
+    job: ClaimedJob, ctx: Context[Any], policy: Policy, started: float, deadline: _Deadline | None
+) -> Settlement:
+    """The run outlived its timeout: a failed execution, its note saying so."""
+    stuck = " (the handler ignored the cancellation)" if deadline and deadline.stuck else ""
+    error = TaskError.retryable(
+        f"timeout: the run took longer than its timeout of {job.timeout_s:g}s{stuck}"
+    )
+    return _failure(job, ctx, policy, error, started, permanent=False)
 
 
 def _decode_carry(codec: Codec, carry_type: type[Any] | None, job: ClaimedJob) -> Any:
@@ -203,6 +294,23 @@ def _unrecordable(job: ClaimedJob, policy: Policy, duration_s: float, reason: st
     return _failed(job, policy, message, permanent=False, duration_s=duration_s)
 
 
+def attempt_limit(job: ClaimedJob | Any, policy: Policy) -> int | None:
+    """Failed executions that end the job: the task's max_attempts or the worker's backstop,
+    whichever is lower (None: neither is set)."""
+    limits = [n for n in (job.max_attempts, policy.backstop) if n is not None]
+    return min(limits) if limits else None
+
+
+def limit_note(job: ClaimedJob | Any, policy: Policy, failures: int) -> str | None:
+    """Why `failures` failed executions end the job (None: they do not)."""
+    limit = attempt_limit(job, policy)
+    if limit is None or failures < limit:
+        return None
+    if job.max_attempts is not None and job.max_attempts == limit:
+        return f"max_attempts ({limit}) reached"
+    return f"backstop reached after {failures} failed executions"
+
+
 def _failed(
     job: ClaimedJob,
     policy: Policy,
@@ -212,13 +320,14 @@ def _failed(
     error: BaseException | None = None,
     **common: Any,
 ) -> Settlement:
-    """A failed execution: dead when permanent or at the backstop, else retried with backoff.
+    """A failed execution: dead when permanent or out of attempts, else retried with backoff.
     A dead one carries its failure step's token and the exception (see `_undertaker`)."""
     failures = job.failures + 1
     log_extra = logs.job_fields(job.id, job.kind, job.queue, job.run_count)
-    if permanent or (policy.backstop is not None and failures >= policy.backstop):
+    used_up = limit_note(job, policy, failures)
+    if permanent or used_up is not None:
         if not permanent:
-            message = f"backstop reached after {failures} failed executions; last: {message}"
+            message = f"{used_up}; last: {message}"
         logger.warning("job %s (%s) dead: %s", job.id, job.kind, message, extra=log_extra)
         return Settlement.of(
             job, "dead", note=message, hook_token=uuid.uuid4(), error=error, **common

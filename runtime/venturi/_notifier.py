@@ -43,12 +43,14 @@ class Notifier:
         on_notify: Callable[[str], None],
         *,
         on_lease: Callable[[str, float], None] | None = None,
+        on_queue: Callable[[str, bool], None] | None = None,
         on_connected: Callable[[], None] | None = None,
         probe_interval: float = PROBE_INTERVAL,
     ) -> None:
         self._store = store
         self._on_notify = on_notify
         self._on_lease = on_lease
+        self._on_queue = on_queue
         self._on_connected = on_connected
         self._probe_interval = probe_interval
         self._lost = asyncio.Event()
@@ -68,7 +70,7 @@ class Notifier:
             self._lost.clear()
             try:
                 async with self._store.listen(
-                    self._on_notify, self._lost.set, self._on_lease
+                    self._on_notify, self._lost.set, self._on_lease, self._on_queue
                 ) as listening:
                     self.connected.set()
                     if self._on_connected is not None:

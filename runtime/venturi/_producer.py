@@ -5,13 +5,16 @@ one batch ahead, from the worker's queues in their order, in one statement per g
 kinds (capped kinds are claimed on their own, never beyond their cap). Between claims it
 waits for a notification, the next due job (a timer, so delayed jobs start on time), or a
 freed slot when capacity is what holds work back; `poll_max` only bounds a missed
-notification.
+notification. A paused queue is skipped by the claim itself; the producer only keeps a timer
+to the first pause of its queues that ends by itself (re-read when a pause or resume is
+announced, and after LISTEN reconnects), so an idle worker claims again when it ends.
 
 A claim that fails in flight may have committed with its reply lost: before claiming again
 the producer reconciles what the database says the worker holds with what the runner holds,
 and releases the difference.
 
-Started by the worker; calls `PostgresStore.claim`, `next_due` and `release_unheld`.
+Started by the worker; calls `PostgresStore.claim`, `next_due`, `next_resume` and
+`release_unheld`.
 """
 
 from __future__ import annotations
@@ -93,11 +96,22 @@ class Producer:
         self.claimed = 0
         self.wake = asyncio.Event()
         self.stopping = False
+        self._pauses_stale = True
+        """The pauses of our queues may have changed: re-read when the next one ends."""
+        self._resume_at: float | None = None
+        """Loop time when the first pause of our queues that has an until ends (None: none)."""
 
     def notified(self, kind: str) -> None:
         """A job of `kind` became claimable (an empty kind: maybe any)."""
+        if not kind:
+            self._pauses_stale = True  # LISTEN reconnected: a pause change may be missed
         if not kind or kind in self._registry or self._every_kind:
             self.wake.set()
+
+    def pauses_changed(self) -> None:
+        """One of our queues was paused or resumed: claim again, re-read the pauses."""
+        self._pauses_stale = True
+        self.wake.set()
 
     async def run(self) -> None:
         runner = self._runner
@@ -152,6 +166,9 @@ class Producer:
                 due = await self._next_due(kinds)
                 if due is not None:
                     timeout = min(timeout, max(due, 0.0))
+                resume = await self._next_resume()
+                if resume is not None:
+                    timeout = min(timeout, resume)
             if runner.slot_freed.is_set() and runner.free > 0:
                 continue  # a job finished during this round: its slot may unblock work
             # Wait for a notification, the next due job, or (when capacity is what holds
@@ -235,6 +252,26 @@ class Producer:
                 raise
             self._outage.failed("reading the next due time", exc)
             return min(1.0, self._poll_max)  # look again soon
+
+    async def _next_resume(self) -> float | None:
+        """Seconds until the first pause of our queues that has an until ends (None: none
+        does), read again only after a pause change or once that pause has ended."""
+        loop = asyncio.get_running_loop()
+        if self._resume_at is not None and loop.time() >= self._resume_at:
+            self._pauses_stale = True  # it has ended (the claim above saw so): read the next
+        if self._pauses_stale:
+            try:
+                seconds = await self._store.next_resume(self.queues)
+            except Exception as exc:
+                if not is_database_failure(exc):
+                    raise
+                self._outage.failed("reading the queues' pauses", exc)
+                return min(1.0, self._poll_max)  # look again soon
+            self._pauses_stale = False
+            self._resume_at = None if seconds is None else loop.time() + max(seconds, 0.0)
+        if self._resume_at is None:
+            return None
+        return max(self._resume_at - loop.time(), 0.0)
 
     async def _reconcile(self) -> None:
         """Release what the database says this worker holds and it does not: claims that

@@ -37,6 +37,8 @@ class NewJob:
     unique_for_s: float | None = None
     trace_context: str | None = None
     """The W3C traceparent of the enqueue's span (a tracing producer), else None."""
+    max_attempts: int | None = None
+    timeout_s: float | None = None
 
 
 @dataclass(slots=True)
@@ -60,6 +62,10 @@ class NewJobs:
     backoff_cap_s: Sequence[float | None] | None = None
     dedup_keys: Sequence[str | None] | None = None
     trace_contexts: Sequence[str | None] | None = None
+    queues: Sequence[str] | None = None
+    """Each job's named queue, when a batch spans several; None: every job is in `queue`."""
+    max_attempts: Sequence[int | None] | None = None
+    timeout_s: Sequence[float | None] | None = None
 
     def __post_init__(self) -> None:
         # A short column would be padded with NULLs by unnest(): refuse it here instead.
@@ -75,6 +81,9 @@ class NewJobs:
             self.backoff_cap_s,
             self.dedup_keys,
             self.trace_contexts,
+            self.queues,
+            self.max_attempts,
+            self.timeout_s,
         ):
             if column is not None and len(column) != n:
                 raise ValueError(f"NewJobs: every column must hold {n} values, one per job")
@@ -84,7 +93,7 @@ class NewJobs:
 
     @classmethod
     def of(cls, jobs: Sequence[NewJob]) -> NewJobs:
-        """The batch of `jobs`, which must all belong to one named queue."""
+        """The batch of `jobs` (of one named queue, or several: then by job)."""
         if len(jobs) == 1:  # a single enqueue, the most frequent: no column scans
             j = jobs[0]
             return cls(
@@ -100,10 +109,11 @@ class NewJobs:
                 backoff_cap_s=None if j.backoff_cap_s is None else [j.backoff_cap_s],
                 dedup_keys=None if j.dedup_key is None else [j.dedup_key],
                 trace_contexts=None if j.trace_context is None else [j.trace_context],
+                max_attempts=None if j.max_attempts is None else [j.max_attempts],
+                timeout_s=None if j.timeout_s is None else [j.timeout_s],
             )
         queue = jobs[0].queue if jobs else ""
-        if any(j.queue != queue for j in jobs):
-            raise ValueError("NewJobs: every job of a batch must belong to the same queue")
+        mixed = any(j.queue != queue for j in jobs)
         return cls(
             queue=queue,
             ids=[j.id for j in jobs],
@@ -117,6 +127,9 @@ class NewJobs:
             backoff_cap_s=_optional([j.backoff_cap_s for j in jobs]),
             dedup_keys=_optional([j.dedup_key for j in jobs]),
             trace_contexts=_optional([j.trace_context for j in jobs]),
+            queues=[j.queue for j in jobs] if mixed else None,
+            max_attempts=_optional([j.max_attempts for j in jobs]),
+            timeout_s=_optional([j.timeout_s for j in jobs]),
         )
 
 
@@ -147,6 +160,10 @@ class ClaimedJob:
     history: tuple[JournalEntry, ...]
     trace_context: str | None = None
     """The traceparent stored at enqueue, read only for a worker that traces."""
+    max_attempts: int | None = None
+    """The task's limit on failed executions (None: the worker's backstop alone)."""
+    timeout_s: float | None = None
+    """How long one run may take (None: no limit)."""
 
 
 SettledAs = Literal["completed", "paused", "failed", "dead", "released", "returned"]
@@ -201,6 +218,7 @@ class StaleJob:
     backoff_base_s: float | None
     backoff_cap_s: float | None
     claimed_by: str | None
+    max_attempts: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -27,7 +27,7 @@ from collections.abc import Callable
 
 from venturi import logs
 from venturi._db.failures import is_database_failure
-from venturi._executor import Policy, job_backoff
+from venturi._executor import Policy, job_backoff, limit_note
 from venturi._hooks import HookSet
 from venturi._outage import Outage, next_delay
 from venturi._records import Recovered, Recovery, StaleJob
@@ -46,13 +46,14 @@ EXPIRY_SLACK = 0.05
 
 
 def decide_recoveries(stale: list[StaleJob], policy: Policy) -> list[Recovery]:
-    """Pure: for each stale job, re-pend with backoff, or dead at the backstop."""
+    """Pure: for each stale job, re-pend with backoff, or dead when out of attempts."""
     decisions = []
     for job in stale:
         failures = job.failures + 1
         held = f"lease expired while held by {job.claimed_by or 'an unknown worker'}"
-        if policy.backstop is not None and failures >= policy.backstop:
-            note = f"{LAST_ATTEMPT} ({held}; backstop reached after {failures} failures)"
+        used_up = limit_note(job, policy, failures)
+        if used_up is not None:
+            note = f"{LAST_ATTEMPT} ({held}; {used_up})"
             decisions.append(Recovery(job.id, True, 0.0, note, hook_token=uuid.uuid4()))
         else:
             delay = retry_delay(

@@ -35,6 +35,15 @@ MAX_SHUTDOWN_TIMEOUT = 86400.0
 MAX_BACKSTOP = 2**31 - 1
 """Failed executions are counted in a 32-bit column."""
 MAX_PRIORITY_RATIO = 1_000_000
+MAX_ATTEMPTS = 2**31 - 1
+"""A task's max_attempts is compared with a 32-bit count of failed executions."""
+MIN_TIMEOUT = 0.001
+"""Seconds: a timeout must be positive; a millisecond is the least a timer keeps."""
+MAX_TIMEOUT = 29 * 86400.0
+"""Seconds (29 days): the lease of a job with a timeout is at least the timeout plus
+`TIMEOUT_LEASE_MARGIN`, and a lease is at most `MAX_LEASE`."""
+TIMEOUT_LEASE_MARGIN = 60.0
+"""Seconds a job's lease outlasts its timeout (the claim enforces it: see the migrations)."""
 DEFAULT_QUEUE = "default"
 """The named queue of a `Queue` or `Worker` not given one."""
 
@@ -55,6 +64,16 @@ def check_queue_name(value: object, *, setting: str = "queue") -> str:
 def check_lease(value: Seconds, *, setting: str) -> float:
     """A lease in seconds, from `MIN_LEASE` to `MAX_LEASE`."""
     return to_seconds(value, name=setting, low=MIN_LEASE, high=MAX_LEASE)
+
+
+def check_timeout(value: Seconds, *, setting: str) -> float:
+    """A per-run timeout in seconds: positive, at most `MAX_TIMEOUT`."""
+    return to_seconds(value, name=setting, low=MIN_TIMEOUT, high=MAX_TIMEOUT)
+
+
+def check_max_attempts(value: object, *, setting: str) -> int:
+    """A count of failed executions, from 1 to `MAX_ATTEMPTS`."""
+    return _int(setting, value, 1, MAX_ATTEMPTS)
 
 
 def resolve_metrics_host(value: str | None, environ: Mapping[str, str] = os.environ) -> str:

@@ -8,6 +8,9 @@
     venturi journal JOB_ID                   one job's journal
     venturi cleanup --older-than 7d          delete finished jobs (and their journal)
     venturi failed list|retry|retry-all|forget|flush   the jobs that failed for good
+    venturi queue pause NAME [--reason R] [--for 1h | --until TIME]
+    venturi queue resume NAME                resume a paused queue (workers wake at once)
+    venturi queue list                       queues with pending jobs or a pause
     venturi demo                             the demo (an embedded database without --dsn)
     venturi dashboard [--port 8080]          the web dashboard, on 127.0.0.1
 
@@ -49,6 +52,7 @@ from venturi.embedded import EmbeddedPostgresError
 from venturi.encryption import KEYS_ENV, KeyRing, SealedCodec, new_key
 from venturi.errors import JobStateError, SchemaError
 from venturi.jobs import CleanupCriteria, FailedJob, Job, JobFilter, JobStatus, JournalEntry, Stats
+from venturi.pauses import QueueState
 from venturi.postgres import DEFAULT_PREFIX, POOLERS, PostgresStore
 from venturi.queue import Queue
 from venturi.registry import WorkerInfo
@@ -85,6 +89,21 @@ def positive_int(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
+    return value
+
+
+def parse_time(text: str) -> datetime:
+    """An ISO 8601 time with its UTC offset ('2026-12-01T18:00:00+01:00', '...Z')."""
+    try:
+        value = datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected an ISO 8601 time with its offset, like 2026-12-01T18:00:00Z, got {text!r}"
+        ) from None
+    if value.tzinfo is None:
+        raise argparse.ArgumentTypeError(
+            f"expected a time with its UTC offset (Z or +01:00), got {text!r}"
+        )
     return value
 
 
@@ -227,6 +246,23 @@ def _parser() -> argparse.ArgumentParser:
     flush.add_argument("--queue")
     flush.add_argument("--kind")
     flush.add_argument("--older-than", type=parse_duration, help="failed at least this long ago")
+    queues = sub.add_parser("queue", help="pause, resume and list named queues")
+    queue_sub = queues.add_subparsers(dest="queue_command", required=True)
+    pause = queue_sub.add_parser(
+        "pause", parents=[common], help="stop claims from a queue (its jobs stay pending)"
+    )
+    pause.add_argument("name", help="the queue (it need not have jobs yet)")
+    pause.add_argument("--reason", help="why, for whoever lists the queues")
+    ends = pause.add_mutually_exclusive_group()
+    ends.add_argument(
+        "--for", dest="for_", type=parse_duration, help="resume by itself after this long (1h)"
+    )
+    ends.add_argument(
+        "--until", type=parse_time, help="resume by itself at this time (ISO 8601, with offset)"
+    )
+    resume = queue_sub.add_parser("resume", parents=[common], help="resume a paused queue")
+    resume.add_argument("name")
+    queue_sub.add_parser("list", parents=[common], help="queues with pending jobs or a pause")
 
     demo = sub.add_parser("demo", parents=[common], help="run the demo (embedded DB without --dsn)")
     demo.add_argument("--jobs", type=positive_int, default=3000)
@@ -352,6 +388,8 @@ async def _run(args: argparse.Namespace) -> int:
             await _dashboard(args, store)
         elif args.command == "failed":
             await _failed(args, queue)
+        elif args.command == "queue":
+            await _queue(args, queue)
     return 0
 
 
@@ -442,6 +480,61 @@ def _failed_text(found: list[FailedJob]) -> str:
                 f.failed_at.strftime("%Y-%m-%d %H:%M:%S"),
                 str(f.run_count),
                 (f.error or "")[:80],
+            )
+        )
+    return _table(rows)
+
+
+async def _queue(args: argparse.Namespace, queue: Queue) -> None:
+    if args.queue_command == "pause":
+        until = args.until
+        if args.for_ is not None:
+            try:
+                until = datetime.now(UTC) + args.for_
+            except OverflowError:
+                raise UsageError(f"queue pause: --for {args.for_} is too long") from None
+        state = await queue.pause(args.name, reason=args.reason, until=until)
+        _out(args, _queue_json(state), f"paused {state.name}" + _pause_text(state))
+    elif args.queue_command == "resume":
+        was = await queue.resume(args.name)
+        _out(
+            args,
+            {"name": args.name, "was_paused": was},
+            f"resumed {args.name}" if was else f"{args.name} was not paused",
+        )
+    else:
+        states = await queue.queues()
+        _out(args, [_queue_json(s) for s in states], _queues_text(states))
+
+
+def _queue_json(s: QueueState) -> dict[str, Any]:
+    return {
+        "name": s.name,
+        "paused": s.paused,
+        "reason": s.reason,
+        "since": s.since.isoformat() if s.since else None,
+        "until": s.until.isoformat() if s.until else None,
+    }
+
+
+def _pause_text(s: QueueState) -> str:
+    until = f" until {s.until.isoformat(timespec='seconds')}" if s.until else ""
+    reason = f": {s.reason}" if s.reason else ""
+    return until + reason
+
+
+def _queues_text(states: list[QueueState]) -> str:
+    if not states:
+        return "no queues (none has pending jobs or a pause)"
+    rows = [("QUEUE", "STATE", "SINCE", "UNTIL", "REASON")]
+    for s in states:
+        rows.append(
+            (
+                s.name,
+                "paused" if s.paused else "active",
+                s.since.strftime("%Y-%m-%d %H:%M:%S") if s.since else "-",
+                s.until.strftime("%Y-%m-%d %H:%M:%S") if s.until else "-",
+                (s.reason or "")[:60],
             )
         )
     return _table(rows)
@@ -554,6 +647,7 @@ def _stats_json(s: Stats) -> dict[str, Any]:
         "dead_by_kind": dict(s.dead_by_kind),
         "oldest_pending_age_by_kind": dict(s.oldest_pending_age_by_kind),
         "oldest_pending_age": s.oldest_pending_age,
+        "paused_queues": sorted(s.paused_queues),
     }
 
 
@@ -564,8 +658,9 @@ def _stats_text(s: Stats) -> str:
         | set(s.claimed_by_kind)
         | set(s.dead_by_kind)
     )
+    paused = f"\npaused queues: {', '.join(sorted(s.paused_queues))}" if s.paused_queues else ""
     if not kinds:
-        return "the queue is empty"
+        return "the queue is empty" + paused
     rows = [("KIND", "PENDING", "SCHEDULED", "CLAIMED", "DEAD", "OLDEST")]
     for k in kinds:
         age = s.oldest_pending_age_by_kind.get(k)
@@ -579,7 +674,7 @@ def _stats_text(s: Stats) -> str:
                 _age(age),
             )
         )
-    return _table(rows)
+    return _table(rows) + paused
 
 
 def _worker_json(w: WorkerInfo) -> dict[str, Any]:

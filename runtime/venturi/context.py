@@ -71,10 +71,12 @@ class Context(Generic[C]):
     __slots__ = (
         "_attachment",
         "_cancellation",
+        "attempt",
         "carry",
         "history",
         "job_id",
         "kind",
+        "max_attempts",
         "queue",
         "run_count",
         "trace_context",
@@ -91,13 +93,22 @@ class Context(Generic[C]):
         carry: C,
         cancellation: Cancellation,
         trace_context: str | None = None,
+        attempt: int = 1,
+        max_attempts: int | None = None,
     ) -> None:
         self.job_id = job_id
         self.kind = kind
         self.queue = queue
         """The named queue the job was claimed from."""
         self.run_count = run_count
-        """This run's number: 1 on the first run, counting every claim."""
+        """This run's number: 1 on the first run, counting every claim (pauses too)."""
+        self.attempt = attempt
+        """This attempt's number: 1 until a run fails, then one more per failed execution
+        (errors, timeouts, expired leases; pauses and releases never count)."""
+        self.max_attempts = max_attempts
+        """The attempt whose failure ends the job (the task's `max_attempts()` or the
+        worker's backstop, the lower); None: no limit. `attempt == max_attempts` is the
+        last one."""
         self.history = history
         """The job's earlier journal entries, oldest first."""
         self.carry = carry

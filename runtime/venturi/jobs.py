@@ -126,6 +126,8 @@ class Stats:
     dead_by_kind: Mapping[str, int] = field(default_factory=dict)
     oldest_pending_age_by_kind: Mapping[str, float] = field(default_factory=dict)
     completed_by_kind: Mapping[str, int] = field(default_factory=dict)
+    paused_queues: frozenset[str] = frozenset()
+    """Named queues paused now: their jobs are counted as pending above, and wait."""
 
     @property
     def pending(self) -> int:

@@ -57,6 +57,7 @@ from venturi.jobs import (
     JournalOutcome,
     Stats,
 )
+from venturi.pauses import QueueState
 from venturi.registry import WorkerInfo
 
 DEFAULT_PREFIX = "venturi"
@@ -452,9 +453,9 @@ class PostgresStore:
     # -- producing -------------------------------------------------------------------
 
     async def insert(self, jobs: NewJobs) -> None:
-        """Insert a batch of jobs of one named queue in one statement (one round trip), and
-        wake listeners (at commit). Every enqueue comes here, a single one as a batch of one
-        (which runs a statement of its own: see `job_insert_one`).
+        """Insert a batch of jobs (of one named queue, or of several) in one statement (one
+        round trip), and wake listeners (at commit). Every enqueue comes here, a single one as
+        a batch of one (which runs a statement of its own: see `job_insert_one`).
         """
         if not jobs.ids:
             return
@@ -519,6 +520,8 @@ class PostgresStore:
             "backoff_cap_s": _first(jobs.backoff_cap_s),
             "dedup_key": _first(jobs.dedup_keys),
             "trace_context": _first(jobs.trace_contexts),
+            "max_attempts": _first(jobs.max_attempts),
+            "timeout_s": _first(jobs.timeout_s),
             "channel": self.channel,
         }
 
@@ -536,6 +539,9 @@ class PostgresStore:
             "backoff_cap_s": _column(jobs.backoff_cap_s),
             "dedup_keys": _column(jobs.dedup_keys),
             "trace_contexts": _column(jobs.trace_contexts),
+            "queues": jobs.queues,
+            "max_attempts": _column(jobs.max_attempts),
+            "timeout_s": _column(jobs.timeout_s),
             "channel": self.channel,
             "wake_kinds": list(set(jobs.kinds)),
         }
@@ -615,6 +621,8 @@ class PostgresStore:
             "unique_key": job.unique_key,
             "unique_for_s": job.unique_for_s,
             "trace_context": job.trace_context,
+            "max_attempts": job.max_attempts,
+            "timeout_s": job.timeout_s,
             "channel": self.channel,
         }
         for _ in range(10):  # another round only if the holder finished in between
@@ -691,6 +699,8 @@ class PostgresStore:
                 waited_s=r["waited_s"],
                 history=_history(r["history"]),
                 trace_context=r["trace_context"],
+                max_attempts=r["max_attempts"],
+                timeout_s=r["timeout_s"],
             )
             for r in rows
         ]
@@ -771,6 +781,7 @@ class PostgresStore:
                     backoff_base_s=r["backoff_base_s"],
                     backoff_cap_s=r["backoff_cap_s"],
                     claimed_by=r["claimed_by"],
+                    max_attempts=r["max_attempts"],
                 )
                 for r in rows
             ]
@@ -868,20 +879,25 @@ class PostgresStore:
         on_notify: Callable[[str], None],
         on_lost: Callable[[], None],
         on_lease: Callable[[str, float], None] | None = None,
+        on_queue: Callable[[str, bool], None] | None = None,
     ) -> AsyncIterator[Listening]:
         """Hold one connection LISTENing on the store's channel.
 
         `on_notify(kind)` runs for every job made claimable (an empty kind: any);
         `on_lease(queue, seconds)` for a claim that took leases ending sooner than any its
-        worker held; `on_lost()` when the connection terminates. Yields a handle to probe
-        the connection for liveness.
+        worker held; `on_queue(queue, paused)` when a queue is paused or resumed;
+        `on_lost()` when the connection terminates. Yields a handle to probe the connection
+        for liveness.
         """
 
         def control(_prefix: str, payload: str) -> None:
-            if on_lease is None or not payload.startswith(_LEASE_NOTICE):
-                return
-            _, seconds, queue = payload.split(" ", 2)
-            on_lease(queue, float(seconds))
+            if payload.startswith(_LEASE_NOTICE):
+                if on_lease is not None:
+                    _, seconds, queue = payload.split(" ", 2)
+                    on_lease(queue, float(seconds))
+            elif payload.startswith(_QUEUE_NOTICE) and on_queue is not None:
+                _, change, queue = payload.split(" ", 2)
+                on_queue(queue, change == "pause")
 
         async with self.listen_queues(
             [self._prefix], lambda _prefix, kind: on_notify(kind), on_lost, on_control=control
@@ -1038,6 +1054,7 @@ class PostgresStore:
     @_schema_required
     async def stats(self) -> Stats:
         rows = await self._run.fetch(self._q["stats"])
+        paused = await self._run.fetch(self._q["queue_list_paused"])
         pending: dict[str, int] = {}
         scheduled: dict[str, int] = {}
         claimed: dict[str, int] = {}
@@ -1067,7 +1084,45 @@ class PostgresStore:
             dead_by_kind=dead,
             oldest_pending_age_by_kind=oldest,
             completed_by_kind=completed,
+            paused_queues=frozenset(r["name"] for r in paused),
         )
+
+    # -- queue control ---------------------------------------------------------------
+
+    @_schema_required
+    async def pause_queue(
+        self, name: str, *, reason: str | None, until: datetime | None
+    ) -> QueueState:
+        """Pause the named queue (stored, announced to every worker at commit)."""
+        row = await self._run.fetchrow(
+            self._q["queue_pause"], name=name, reason=reason, until=until, channel=self.channel
+        )
+        assert row is not None
+        return QueueState(row["name"], True, row["reason"], row["paused_at"], row["paused_until"])
+
+    @_schema_required
+    async def resume_queue(self, name: str) -> bool:
+        """Resume the named queue; returns whether it was paused."""
+        was: bool = await self._run.fetchval(
+            self._q["queue_resume"], name=name, channel=self.channel
+        )
+        return was
+
+    @_schema_required
+    async def list_queues(self) -> list[QueueState]:
+        """Queues with pending jobs or a stored pause, by name."""
+        rows = await self._run.fetch(self._q["queue_list"])
+        return [
+            QueueState(r["name"], r["paused"], r["reason"], r["paused_at"], r["paused_until"])
+            for r in rows
+        ]
+
+    async def next_resume(self, queues: Sequence[str]) -> float | None:
+        """Seconds until the first of `queues` paused with an until resumes (None: none)."""
+        value: float | None = await self._run.fetchval(
+            self._q["queue_next_resume"], queues=list(queues)
+        )
+        return value
 
     @_schema_required
     async def workers(self) -> list[WorkerInfo]:
@@ -1284,6 +1339,8 @@ def _journal(rows: Sequence[asyncpg.Record]) -> tuple[JournalEntry, ...]:
 
 _LEASE_NOTICE = "!lease "
 """Payload prefix of a claim's lease announcement: "!lease <seconds> <queue>"."""
+_QUEUE_NOTICE = "!queue "
+"""Payload prefix of a pause or resume: "!queue pause <queue>", "!queue resume <queue>"."""
 _POOL_ONLY = frozenset({"setup", "init", "max_queries", "max_inactive_connection_lifetime"})
 """Pool arguments that a single connection does not take."""
 

@@ -24,7 +24,13 @@ from ulid import ULID
 
 from venturi._hooks import hook_set
 from venturi._records import ExistingJob, MergePlan, NewJob, NewJobs
-from venturi._settings import DEFAULT_QUEUE, check_lease, check_queue_name
+from venturi._settings import (
+    DEFAULT_QUEUE,
+    check_lease,
+    check_max_attempts,
+    check_queue_name,
+    check_timeout,
+)
 from venturi.backoff import MAX_DELAY, Backoff, Seconds, to_seconds
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.encryption import SealedCodec
@@ -40,6 +46,7 @@ from venturi.jobs import (
     Stats,
 )
 from venturi.merge import DEDUP_KEY_MAX_BYTES, DedupKey, Merge, MergeAction, Pending
+from venturi.pauses import QueueState, check_reason, check_until
 from venturi.postgres import Connection, PostgresStore
 from venturi.registry import WorkerInfo
 from venturi.task import KIND_PATTERN, Priority, Task, carry_type_of, kind_of
@@ -51,12 +58,49 @@ _KINDS: dict[type[Any], str] = {}
 _NO_POLICY: dict[type[Any], bool] = {}
 """Per task class: True when it overrides none of the enqueue-time policy hooks, so the
 bulk path can skip calling them per job."""
-_HOOKS = ("priority", "lease", "backoff", "dedup_key", "unique_for", "unique_id")
+_HOOKS = (
+    "priority",
+    "lease",
+    "backoff",
+    "dedup_key",
+    "unique_for",
+    "unique_id",
+    "max_attempts",
+    "timeout",
+)
 _NORMAL = int(Priority.NORMAL)
 
 
 def _kind(task_type: type[Any]) -> str:
     return _KINDS.get(task_type) or _KINDS.setdefault(task_type, kind_of(task_type))
+
+
+_TASK_QUEUES: dict[type[Any], str | None] = {}
+"""Validated QUEUE per task class (None: the class names none)."""
+
+
+def _task_queue(task_type: type[Any]) -> str | None:
+    try:
+        return _TASK_QUEUES[task_type]
+    except KeyError:
+        value = getattr(task_type, "QUEUE", None)
+        if value is not None:
+            check_queue_name(value, setting=f"{task_type.__qualname__}.QUEUE")
+        return _TASK_QUEUES.setdefault(task_type, value)
+
+
+def _hook(task: Task[Any], name: str) -> Any:
+    """What the task's policy method `name` returns, None when its class defines none. Looked
+    up on the class, so a payload field of that name (an HTTP task's `timeout`, say) stays
+    payload and sets no policy."""
+    method = getattr(type(task), name)
+    if method is getattr(Task, name) or not callable(method):
+        return None
+    return method(task)
+
+
+def _call_queue(queue: str | None) -> str | None:
+    return None if queue is None else check_queue_name(queue, setting="enqueue(queue=)")
 
 
 def _no_policy(task_type: type[Any]) -> bool:
@@ -93,6 +137,9 @@ class Queue:
     `codec` encodes payloads and carries (and decodes them in listings); the workers that
     run this queue's jobs must use the same one.
 
+    A job goes to the named queue of the enqueue call (`queue=`), else of its task class
+    (`QUEUE`), else of this `Queue` (its `queue=`, "default" unless given).
+
     Every enqueue takes `conn=`: a connection the caller holds (an `asyncpg.Connection` or a
     pool's), in a transaction the caller opened. The job is then written by the caller's
     transaction: it exists, and workers are woken, only if that transaction commits.
@@ -124,16 +171,19 @@ class Queue:
         task: Task[Any],
         *,
         priority: Priority | None = None,
+        queue: str | None = None,
         conn: Connection | None = None,
         autocommit: bool = False,
     ) -> ULID:
-        """Store a job that is eligible now; returns its id.
+        """Store a job that is eligible now; returns its id. `queue` names the job's queue
+        for this call (over the task's `QUEUE` and this Queue's).
 
         When the task has a `dedup_key()` and a pending job of its KIND has the same key,
         `task.merge(existing)` decides, and the id returned is the one holding the work.
         """
         store = self._store_for(conn, autocommit)
-        return await self._insert(store, task, self._new_job(task, priority=priority))
+        job = self._new_job(task, priority=priority, queue=_call_queue(queue))
+        return await self._insert(store, task, job)
 
     def _store_for(self, conn: Connection | None, autocommit: bool) -> PostgresStore:
         if conn is None:
@@ -145,7 +195,7 @@ class Queue:
     async def _insert(self, store: PostgresStore, task: Task[Any], job: NewJob) -> ULID:
         if self.tracer is None:
             return await self._insert_untraced(store, task, job)
-        with self.tracer.enqueue(self.queue, [(job.id, job.kind)]) as contexts:
+        with self.tracer.enqueue(job.queue, [(job.id, job.kind)]) as contexts:
             job.trace_context = contexts[0]
             return await self._insert_untraced(store, task, job)
 
@@ -229,6 +279,7 @@ class Queue:
         when: datetime,
         *,
         priority: Priority | None = None,
+        queue: str | None = None,
         conn: Connection | None = None,
         autocommit: bool = False,
     ) -> ULID:
@@ -239,7 +290,8 @@ class Queue:
         if abs((when - datetime.now(UTC)).total_seconds()) > MAX_DELAY:
             raise ValueError(f"enqueue_at: `when` must be within 10 years of now, got {when!r}")
         store = self._store_for(conn, autocommit)
-        return await self._insert(store, task, self._new_job(task, priority=priority, run_at=when))
+        job = self._new_job(task, priority=priority, queue=_call_queue(queue), run_at=when)
+        return await self._insert(store, task, job)
 
     async def enqueue_in(
         self,
@@ -247,13 +299,14 @@ class Queue:
         delay: Seconds,
         *,
         priority: Priority | None = None,
+        queue: str | None = None,
         conn: Connection | None = None,
         autocommit: bool = False,
     ) -> ULID:
         """Store a job that becomes eligible `delay` from now (by the database clock)."""
         delay_s = to_seconds(delay, name="enqueue_in(delay)")
         store = self._store_for(conn, autocommit)
-        job = self._new_job(task, priority=priority, delay_s=delay_s)
+        job = self._new_job(task, priority=priority, queue=_call_queue(queue), delay_s=delay_s)
         return await self._insert(store, task, job)
 
     async def enqueue_many(
@@ -261,6 +314,7 @@ class Queue:
         tasks: Iterable[Task[Any]],
         *,
         priority: Priority | None = None,
+        queue: str | None = None,
         conn: Connection | None = None,
         autocommit: bool = False,
     ) -> list[ULID]:
@@ -268,22 +322,26 @@ class Queue:
 
         Every payload is encoded before anything is sent, so one bad task fails the call
         and nothing is stored. Tasks with a dedup key go through the merge path one by one
-        (after the batch); the ids returned are then the ids holding their work.
+        (after the batch); the ids returned are then the ids holding their work. The jobs
+        may go to several queues (their tasks' `QUEUE`s), still in one statement.
         """
         store = self._store_for(conn, autocommit)
+        called = _call_queue(queue)
         tasks = list(tasks)
         if self.tracer is None or not tasks:
-            return await self._insert_many(store, tasks, priority, None)
+            return await self._insert_many(store, tasks, priority, called, None)
         ids = new_ids(len(tasks))
         kinds = [_kind(type(t)) for t in tasks]
-        with self.tracer.enqueue(self.queue, list(zip(ids, kinds, strict=True))) as contexts:
-            return await self._insert_many(store, tasks, priority, (ids, contexts))
+        destination = called or _task_queue(type(tasks[0])) or self.queue
+        with self.tracer.enqueue(destination, list(zip(ids, kinds, strict=True))) as contexts:
+            return await self._insert_many(store, tasks, priority, called, (ids, contexts))
 
     async def _insert_many(
         self,
         store: PostgresStore,
         tasks: list[Task[Any]],
         priority: Priority | None,
+        called: str | None,
         traced: tuple[list[ULID], Sequence[str | None]] | None,
     ) -> list[ULID]:
         """enqueue_many's inserts; `traced`: the ids chosen and their trace contexts."""
@@ -294,17 +352,28 @@ class Queue:
             kinds = [_kind(type(t)) for t in tasks]
             encode = self.codec.encode
             payloads = [encode(t, kind=k) for t, k in zip(tasks, kinds, strict=True)]
+            queues = [called or _task_queue(type(t)) or self.queue for t in tasks]
+            first = queues[0] if queues else self.queue
+            by_job = None if all(q == first for q in queues) else queues
             traces = None if contexts is None else _optional_column(contexts)
-            await store.insert(
-                NewJobs(self.queue, ids, kinds, [tier] * len(ids), payloads, trace_contexts=traces)
+            batch = NewJobs(
+                first,
+                ids,
+                kinds,
+                [tier] * len(ids),
+                payloads,
+                queues=by_job,
+                trace_contexts=traces,
             )
+            await store.insert(batch)
             if self.hooks.active:
-                for job_id, kind in zip(ids, kinds, strict=True):
-                    self.hooks.enqueued(Enqueued(job_id, kind, self.queue))
+                for job_id, kind, q in zip(ids, kinds, queues, strict=True):
+                    self.hooks.enqueued(Enqueued(job_id, kind, q))
             logger.debug("enqueued %d jobs", len(ids))
             return ids
         jobs = [
-            self._new_job(t, priority=priority, job_id=i) for t, i in zip(tasks, ids, strict=True)
+            self._new_job(t, priority=priority, queue=called, job_id=i)
+            for t, i in zip(tasks, ids, strict=True)
         ]
         if contexts is not None:
             for job, context in zip(jobs, contexts, strict=True):
@@ -381,7 +450,7 @@ class Queue:
 
     async def stats(self) -> Stats:
         """Live counts by kind: pending (eligible), scheduled, claimed, dead, completed, oldest
-        age."""
+        age; and the queues paused now."""
         return await self.store.stats()
 
     # -- failed jobs -----------------------------------------------------------------
@@ -447,6 +516,28 @@ class Queue:
         """Jobs waiting (due now or later) or running, in every queue of this store."""
         return await self.store.outstanding()
 
+    async def pause(
+        self, name: str, *, reason: str | None = None, until: datetime | None = None
+    ) -> QueueState:
+        """Pause the named queue: its jobs stay pending and no worker claims them (jobs
+        running now finish) until `resume(name)`, or until `until` (a timezone-aware
+        datetime) passes. Stored, so it survives every restart, and announced to every
+        worker at once. A queue that has no jobs yet may be paused; pausing a paused queue
+        updates its reason and until. Returns the queue's state."""
+        name = check_queue_name(name, setting="pause(name)")
+        reason = check_reason(reason)
+        until = check_until(until)
+        return await self.store.pause_queue(name, reason=reason, until=until)
+
+    async def resume(self, name: str) -> bool:
+        """Resume the named queue (idle workers serving it are woken at once); returns
+        whether it was paused."""
+        return await self.store.resume_queue(check_queue_name(name, setting="resume(name)"))
+
+    async def queues(self) -> list[QueueState]:
+        """Every queue with pending jobs or a stored pause, by name, paused or not."""
+        return await self.store.list_queues()
+
     async def claimed_by_pod(self) -> dict[str, int]:
         """Claimed jobs per pod name (the worker's `WorkerIdentity.pod`), busy pods only; jobs
         claimed outside Kubernetes are not counted. The operator spares busy pods with it."""
@@ -467,11 +558,13 @@ class Queue:
         task: Task[Any],
         *,
         priority: Priority | None,
+        queue: str | None,
         run_at: datetime | None = None,
         delay_s: float | None = None,
         job_id: ULID | None = None,
     ) -> NewJob:
         kind = _kind(type(task))
+        queue = queue or _task_queue(type(task)) or self.queue
         if job_id is None:
             job_id = new_ids(1)[0]
         if task.ENCRYPTED and not getattr(self.codec, "seals", False):
@@ -496,10 +589,12 @@ class Queue:
                 f"{kind}: unique_for()/unique_id() and dedup_key() are alternatives (a unique "
                 f"job keeps the first, a deduplicated one merges into it): set one"
             )
+        attempts = _hook(task, "max_attempts")
+        timeout = _hook(task, "timeout")
         return NewJob(
             id=job_id,
             kind=kind,
-            queue=self.queue,
+            queue=queue,
             priority=int(tier),
             payload=payload,
             run_at=run_at,
@@ -510,6 +605,14 @@ class Queue:
             dedup_key=dedup.value if dedup is not None else None,
             unique_key=unique_key,
             unique_for_s=unique_for,
+            max_attempts=(
+                None
+                if attempts is None
+                else check_max_attempts(attempts, setting=f"{kind}.max_attempts()")
+            ),
+            timeout_s=None
+            if timeout is None
+            else check_timeout(timeout, setting=f"{kind}.timeout()"),
         )
 
     @staticmethod

@@ -65,6 +65,11 @@ class Task(Generic[C]):
         if getattr(cls, "ENCRYPTED", False) is True and isinstance(kind, str):
             _encrypted_kinds.add(kind)
 
+    QUEUE: ClassVar[str | None] = None
+    """The named queue this task's jobs go to, unless the enqueue names one (`queue=`);
+    None (the default) leaves it to the `Queue` (its `queue=`, "default" unless given).
+    Validated like a KIND on the first enqueue."""
+
     def lease(self) -> Seconds | None:
         """How long a claim of this job lasts before another worker may recover it.
 
@@ -76,6 +81,19 @@ class Task(Generic[C]):
 
     def backoff(self) -> Backoff | None:
         """The retry curve for this job; `None` uses the worker's."""
+        return None
+
+    def max_attempts(self) -> int | None:
+        """Failed executions (errors, timeouts, expired leases) before the job fails for
+        good; pauses and releases never count. `None` leaves it to the worker's `backstop`,
+        which also caps this when it is lower. From 1 to 2**31 - 1."""
+        return None
+
+    def timeout(self) -> Seconds | None:
+        """How long one run may take: a run still going then is cancelled (its context's
+        `cancel_reason` is TIMEOUT) and counts as a failed execution, recorded as a timeout.
+        `None` (the default): no limit. The job's lease is at least this plus a minute.
+        Above 0, at most 29 days."""
         return None
 
     def priority(self) -> Priority:

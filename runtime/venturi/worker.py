@@ -381,6 +381,7 @@ class Worker(Generic[AppT]):
             self.store,
             self._on_notify,
             on_lease=rescuer.lease_announced,
+            on_queue=self._on_queue,
             on_connected=self._outage.ok,
         )
         heartbeat = Heartbeat(self.store, self._registry_row(), outage=self._outage)
@@ -525,6 +526,13 @@ class Worker(Generic[AppT]):
             # LISTEN (re)connected: leases announced meanwhile were missed; look again now.
             for queue in self.queues:
                 self._rescuer.lease_announced(queue, 0.0)
+
+    def _on_queue(self, queue: str, paused: bool) -> None:
+        """A queue was paused or resumed (by anyone): if it is one of ours, claim again (a
+        resume) and re-read when its pauses end. (Jobs it already holds, prefetched ones
+        too, run: a pause stops claims; the claim checks it.)"""
+        if queue in self.queues and self._producer is not None:
+            self._producer.pauses_changed()
 
     def _on_settled(self, settlement: Settlement, kept: bool) -> None:
         self._settled[settlement.outcome if kept else "lost"] += 1

@@ -80,3 +80,14 @@ async def test_the_example_scaledobject_query_runs(store: PostgresStore) -> None
     await Queue(store).enqueue_many([Mail(n) for n in range(3)])
     await Queue(store).enqueue(Report())  # another kind: another Deployment's
     assert await backlog(store, query) == 3
+
+
+async def test_a_paused_queues_due_jobs_need_no_worker(queue: Queue) -> None:
+    await queue.enqueue_many([Mail(1), Mail(2)])
+    backlog = f"SELECT {queue.store.prefix}_backlog('default')"
+    pool = queue.store._pool_or_raise()
+    assert await pool.fetchval(backlog) == 2
+    await queue.pause("default", reason="maintenance")
+    assert await pool.fetchval(backlog) == 0
+    await queue.resume("default")
+    assert await pool.fetchval(backlog) == 2

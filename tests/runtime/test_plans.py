@@ -151,3 +151,13 @@ async def test_the_claim_is_an_index_scan_of_each_queue_under_generic_plans(
         body = plan.split("plan:", 1)[1]
         assert f"Seq Scan on {prefix}_jobs" not in body, body
         assert f"{prefix}_jobs_claim_idx" in body, body
+
+
+async def test_the_claim_function_always_runs_on_generic_plans(store: PostgresStore) -> None:
+    """Custom plans would re-plan the claim's statement for every queue of every claim, and
+    planning was most of a claim's cost (most of all for the empty queues a strict-order
+    claim passes over): the function pins generic plans, which the test above checks."""
+    config = await store._pool_or_raise().fetchval(
+        "SELECT proconfig FROM pg_proc WHERE proname = $1", f"{store.prefix}_claim_v3"
+    )
+    assert config == ["plan_cache_mode=force_generic_plan"]

@@ -103,7 +103,7 @@ async def test_enqueue_many_stores_policy_for_plain_and_hooked_classes(
     assert {r["payload"] for r in rows} == {"{}"}
 
 
-def test_a_batch_is_one_queue_with_a_value_per_job_in_every_column() -> None:
+def test_a_batch_has_a_value_per_job_in_every_column() -> None:
     a, b = ULID(), ULID()
     with pytest.raises(ValueError, match="every column must hold 2 values"):
         NewJobs("default", [a, b], ["ping"], [1, 1], ["{}", "{}"])
@@ -113,8 +113,9 @@ def test_a_batch_is_one_queue_with_a_value_per_job_in_every_column() -> None:
     batch = NewJobs.of(jobs)
     assert (batch.queue, len(batch), batch.lease_s) == ("q", 2, [None, 60.0])
     assert batch.run_at is None and batch.dedup_keys is None  # no value at all: one NULL
-    with pytest.raises(ValueError, match="same queue"):
-        NewJobs.of([*jobs, NewJob(ULID(), "ping", "other", 1, "{}")])
+    assert batch.queues is None  # one queue: no column by job
+    spanning = NewJobs.of([*jobs, NewJob(ULID(), "ping", "other", 1, "{}")])
+    assert (spanning.queue, spanning.queues) == ("q", ["q", "q", "other"])
 
 
 async def test_a_single_job_and_a_batch_store_the_same_row(

@@ -4,26 +4,29 @@
 -- (now()), never from a worker's.
 
 -- job_insert --
--- Enqueue a batch of jobs of one queue in one statement (arrays + unnest) and wake listeners
+-- Enqueue a batch of jobs in one statement (arrays + unnest) and wake listeners
 -- once per kind (delivered at commit). Every enqueue comes here, or, for a single job, to
 -- job_insert_one. An optional column sent as NULL is NULL for every job (unnest pads a NULL
 -- array with NULLs), so the usual batch, with no per-job policy, sends those as one NULL each.
 -- :wake_kinds are the batch's distinct kinds: the insert runs once, whole or not at all,
 -- whether or not it is read, so they are what it inserted (a DISTINCT over its RETURNING
 -- costs about 25 us a statement).
+-- Every job goes to :queue, unless :queues (a batch spanning several queues) names each one's.
 WITH inserted AS (
     INSERT INTO {prefix}_jobs (id, kind, queue, priority, run_at, payload,
-                               lease_s, backoff_base_s, backoff_cap_s, dedup_key, trace_context)
-    SELECT r.id, r.kind, :queue, r.priority,
+                               lease_s, backoff_base_s, backoff_cap_s, dedup_key,
+                               max_attempts, timeout_s, trace_context)
+    SELECT r.id, r.kind, coalesce(r.queue, :queue), r.priority,
            coalesce(r.run_at, now() + make_interval(secs => coalesce(r.delay_s, 0))),
            r.payload::jsonb, r.lease_s, r.backoff_base_s, r.backoff_cap_s, r.dedup_key,
-           r.trace_context
+           r.max_attempts, r.timeout_s, r.trace_context
     FROM unnest(:ids::uuid[], :kinds::text[], :priorities::smallint[], :run_at::timestamptz[],
                 :delay_s::float8[], :payloads::text[], :lease_s::float8[],
                 :backoff_base_s::float8[], :backoff_cap_s::float8[], :dedup_keys::text[],
+                :queues::text[], :max_attempts::integer[], :timeout_s::float8[],
                 :trace_contexts::text[])
-         AS r(id, kind, priority, run_at, delay_s, payload,
-              lease_s, backoff_base_s, backoff_cap_s, dedup_key, trace_context)
+         AS r(id, kind, priority, run_at, delay_s, payload, lease_s, backoff_base_s,
+              backoff_cap_s, dedup_key, queue, max_attempts, timeout_s, trace_context)
 )
 SELECT pg_notify(:channel, w.kind) FROM unnest(:wake_kinds::text[]) AS w(kind);
 
@@ -34,31 +37,34 @@ SELECT pg_notify(:channel, w.kind) FROM unnest(:wake_kinds::text[]) AS w(kind);
 -- checks that both store the same row).
 WITH inserted AS (
     INSERT INTO {prefix}_jobs (id, kind, queue, priority, run_at, payload,
-                               lease_s, backoff_base_s, backoff_cap_s, dedup_key, trace_context)
+                               lease_s, backoff_base_s, backoff_cap_s, dedup_key,
+                               max_attempts, timeout_s, trace_context)
     -- The delay's cast: coalesce(:delay_s, 0) alone would type it integer (1.2 s -> 1 s).
     VALUES (:id, :kind, :queue, :priority,
             coalesce(:run_at, now() + make_interval(secs => coalesce(:delay_s::float8, 0))),
             :payload::text::jsonb, :lease_s, :backoff_base_s, :backoff_cap_s, :dedup_key,
-            :trace_context)
+            :max_attempts::integer, :timeout_s::float8, :trace_context)
     RETURNING kind
 )
 SELECT pg_notify(:channel, kind) FROM inserted;
 
 -- job_claim --
--- Claim up to :n eligible jobs of the queues :queues, in their order, of the kinds :kinds
--- (NULL: every kind but :skip_kinds; see the function's definitions in migrations 0004 and
--- after for the claim order, the tier reservations :reserved_low/:reserved_normal and the
--- lease announcement :held_lease_s on :channel). Rows come back in claim order. With :traced
--- (a worker that traces its runs), each job's stored trace context too: one primary-key probe
--- per job, never made otherwise. The probe reads with the statement's snapshot, which can
--- predate a job the function claims (its queries take their own): such a job's context reads
--- NULL and its span is simply not linked (the context never changes after the insert).
+-- Claim up to :n eligible jobs of the queues :queues, in their order, skipping paused ones,
+-- of the kinds :kinds (NULL: every kind but :skip_kinds; see the claim function's definitions
+-- in migrations 0004 and after for the claim order, the tier reservations
+-- :reserved_low/:reserved_normal and the lease announcement :held_lease_s on :channel). Rows
+-- come back in claim order. With :traced (a worker that traces its runs), each job's stored
+-- trace context too: one primary-key probe per job, never made otherwise. The probe reads
+-- with the statement's snapshot, which can predate a job the function claims (its queries
+-- take their own): such a job's context reads NULL and its span is simply not linked (the
+-- context never changes after the insert).
 SELECT c.id, c.kind, c.queue, c.payload, c.carry, c.run_count, c.failures, c.claim_token,
-       c.lease_s, c.backoff_base_s, c.backoff_cap_s, c.waited_s, c.history,
+       c.lease_s, c.backoff_base_s, c.backoff_cap_s, c.waited_s, c.history, c.max_attempts,
+       c.timeout_s,
        CASE WHEN :traced::bool THEN
            (SELECT j.trace_context FROM {prefix}_jobs AS j WHERE j.id = c.id) END
            AS trace_context
-FROM {prefix}_claim_v2(:queues, :kinds, :skip_kinds, :n, :reserved_low, :reserved_normal,
+FROM {prefix}_claim_v3(:queues, :kinds, :skip_kinds, :n, :reserved_low, :reserved_normal,
                        :worker, :pod, :default_lease_s, :held_lease_s, :channel) AS c;
 
 -- job_settle_many --

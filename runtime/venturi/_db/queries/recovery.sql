@@ -3,7 +3,8 @@
 -- job_select_stale --
 -- Lock claimed jobs of :queues whose lease expired, oldest first, at most :limit. Each
 -- queue's own workers recover its jobs, by its own policy.
-SELECT id, kind, run_count, failures, backoff_base_s, backoff_cap_s, claimed_by, claim_token
+SELECT id, kind, run_count, failures, backoff_base_s, backoff_cap_s, claimed_by, claim_token,
+       max_attempts
 FROM {prefix}_jobs
 WHERE status = 'claimed' AND lease_until < now() AND queue = ANY(:queues::text[])
 ORDER BY lease_until
@@ -11,7 +12,7 @@ LIMIT :limit
 FOR UPDATE SKIP LOCKED;
 
 -- job_recover_many --
--- Re-pend (with backoff) or kill (backstop reached) jobs locked by job_select_stale. A job
+-- Re-pend (with backoff) or kill (attempts used up) jobs locked by job_select_stale. A job
 -- made dead records its failure step (:hook_tokens, leased to this worker for :hook_lease_s)
 -- in the same row write: see failure_hooks.sql.
 WITH r AS (

@@ -16,13 +16,15 @@ WITH expired AS (
 ), inserted AS (
     INSERT INTO {prefix}_jobs (id, kind, queue, priority, run_at, payload,
                                lease_s, backoff_base_s, backoff_cap_s,
-                               unique_key, unique_for_s, unique_until, trace_context)
+                               unique_key, unique_for_s, unique_until, trace_context,
+                               max_attempts, timeout_s)
     SELECT :id::uuid, :kind::text, :queue::text, :priority::smallint,
            coalesce(:run_at::timestamptz,
                     now() + make_interval(secs => coalesce(:delay_s::float8, 0))),
            :payload::text::jsonb, :lease_s::float8, :backoff_base_s::float8,
            :backoff_cap_s::float8, :unique_key::text, :unique_for_s::float8,
-           now() + make_interval(secs => :unique_for_s::float8), :trace_context::text
+           now() + make_interval(secs => :unique_for_s::float8), :trace_context::text,
+           :max_attempts::integer, :timeout_s::float8
     WHERE (SELECT count(*) FROM expired) >= 0  -- always true: makes the detach run first
     ON CONFLICT (kind, unique_key) WHERE unique_until IS NOT NULL DO NOTHING
     RETURNING kind
