@@ -23,6 +23,7 @@ from venturi.jobs import (
     JobStatus,
     JournalEntry,
     JournalOutcome,
+    QueueStats,
     Stats,
 )
 from venturi.merge import DedupKey, Merge, Pending
@@ -61,6 +62,7 @@ __all__ = [
     "PostgresStore",
     "Priority",
     "Queue",
+    "QueueStats",
     "SchemaError",
     "Stats",
     "StoreClosedError",

@@ -93,14 +93,8 @@ class Job:
 
 
 @dataclass(frozen=True, slots=True)
-class Stats:
-    """A snapshot of live queue state, from one grouped query over partial indexes.
-
-    Ages are seconds, measured by the database clock. "Pending" counts jobs eligible now;
-    jobs waiting for a future run_at are counted in `scheduled_by_kind`. `completed_by_kind`
-    and `dead_by_kind` are totals of the jobs kept (cleanup lowers them): two snapshots'
-    difference is the jobs that finished in between, unless a cleanup ran meanwhile.
-    """
+class _KindCounts:
+    """Live counts by kind, and their totals (what `Stats` and `QueueStats` share)."""
 
     pending_by_kind: Mapping[str, int] = field(default_factory=dict)
     scheduled_by_kind: Mapping[str, int] = field(default_factory=dict)
@@ -112,6 +106,10 @@ class Stats:
     @property
     def pending(self) -> int:
         return sum(self.pending_by_kind.values())
+
+    @property
+    def scheduled(self) -> int:
+        return sum(self.scheduled_by_kind.values())
 
     @property
     def claimed(self) -> int:
@@ -129,6 +127,33 @@ class Stats:
     def oldest_pending_age(self) -> float | None:
         """Seconds the oldest eligible job has waited, over all kinds (None when none)."""
         return max(self.oldest_pending_age_by_kind.values(), default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats(_KindCounts):
+    """One queue's live state, by kind: `Stats.queues[name]`. The fields mean what the same
+    fields of `Stats` mean, for this queue's jobs only."""
+
+    paused: bool = False
+    """Whether the queue is paused (its pending jobs wait until it resumes). Always False
+    until pause and resume exist: the seam where their flag is reported."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stats(_KindCounts):
+    """A snapshot of live queue state, from one grouped query over partial indexes.
+
+    Ages are seconds, measured by the database clock. "Pending" counts jobs eligible now;
+    jobs waiting for a future run_at are counted in `scheduled_by_kind`. `completed_by_kind`
+    and `dead_by_kind` are totals of the jobs kept (cleanup lowers them): two snapshots'
+    difference is the jobs that finished in between, unless a cleanup ran meanwhile.
+
+    The `*_by_kind` fields are totals over all queues (an age: the oldest over all queues);
+    `queues` holds the same figures per queue (`stats.queues["high"].pending_by_kind`), for
+    every queue that holds a job.
+    """
+
+    queues: Mapping[str, QueueStats] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -42,6 +42,7 @@ from venturi._records import (
     Settlement,
     StaleJob,
 )
+from venturi._stats import stats_from_rows
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.errors import SchemaError, StoreClosedError
 from venturi.jobs import (
@@ -788,37 +789,7 @@ class PostgresStore:
 
     @_schema_required
     async def stats(self) -> Stats:
-        rows = await self._run.fetch(self._q["stats"])
-        pending: dict[str, int] = {}
-        scheduled: dict[str, int] = {}
-        claimed: dict[str, int] = {}
-        dead: dict[str, int] = {}
-        completed: dict[str, int] = {}
-        oldest: dict[str, float] = {}
-        for r in rows:
-            status, kind, total = r["status"], r["kind"], r["n"]
-            if status == "pending":
-                n = total - r["scheduled"]
-                if n > 0:
-                    pending[kind] = n
-                if r["scheduled"]:
-                    scheduled[kind] = r["scheduled"]
-                if r["oldest_s"] is not None:
-                    oldest[kind] = max(0.0, r["oldest_s"])
-            elif status == "claimed":
-                claimed[kind] = total
-            elif status == "completed":
-                completed[kind] = total
-            else:
-                dead[kind] = total
-        return Stats(
-            pending_by_kind=pending,
-            scheduled_by_kind=scheduled,
-            claimed_by_kind=claimed,
-            dead_by_kind=dead,
-            oldest_pending_age_by_kind=oldest,
-            completed_by_kind=completed,
-        )
+        return stats_from_rows(await self._run.fetch(self._q["stats"]))
 
     @_schema_required
     async def claimed_by_pod(self) -> dict[str, int]:

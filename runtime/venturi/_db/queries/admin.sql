@@ -42,22 +42,26 @@ SELECT count(*) AS deleted FROM deleted;
 
 -- stats --
 -- The live state counters cannot reconstruct, in one statement that stays cheap at any
--- backlog: totals by kind and status from the trigger-kept counts; per kind with pending
--- jobs, one index probe for the oldest eligible job and a range count of the scheduled ones
--- (jobs waiting for a future run_at, usually few).
+-- backlog: totals by queue, kind and status from the trigger-kept counts; per queue and kind
+-- with pending jobs, one index probe for the oldest eligible job and a range count of the
+-- scheduled ones (jobs waiting for a future run_at, usually few).
+-- Paused queues: when pause/resume lands, its flag is read here (a join on {prefix}_queues)
+-- and goes to QueueStats.paused; until then no queue is paused.
 WITH totals AS (
-    SELECT kind, status, sum(n)::bigint AS n FROM {prefix}_counts
+    SELECT queue, kind, status, sum(n)::bigint AS n FROM {prefix}_counts
     WHERE status IN ('pending', 'claimed', 'dead', 'completed')
-    GROUP BY kind, status HAVING sum(n) > 0
+    GROUP BY queue, kind, status HAVING sum(n) > 0
 )
-SELECT t.status, t.kind, t.n,
+SELECT t.queue, t.status, t.kind, t.n,
        CASE WHEN t.status = 'pending' THEN (
            SELECT count(*) FROM {prefix}_jobs AS j
-           WHERE j.status = 'pending' AND j.kind = t.kind AND j.run_at > now()
+           WHERE j.status = 'pending' AND j.queue = t.queue AND j.kind = t.kind
+             AND j.run_at > now()
        ) ELSE 0 END AS scheduled,
        CASE WHEN t.status = 'pending' THEN (
            SELECT extract(epoch FROM now() - j.run_at)::float8 FROM {prefix}_jobs AS j
-           WHERE j.status = 'pending' AND j.kind = t.kind AND j.run_at <= now()
+           WHERE j.status = 'pending' AND j.queue = t.queue AND j.kind = t.kind
+             AND j.run_at <= now()
            ORDER BY j.run_at LIMIT 1
        ) END AS oldest_s
 FROM totals AS t;
