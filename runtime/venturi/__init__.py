@@ -23,6 +23,7 @@ from venturi.jobs import (
     JobStatus,
     JournalEntry,
     JournalOutcome,
+    MinuteCounts,
     QueueStats,
     Stats,
 )
@@ -55,6 +56,7 @@ __all__ = [
     "JsonCodec",
     "Merge",
     "Middleware",
+    "MinuteCounts",
     "Outcome",
     "PanicPolicy",
     "PayloadError",

@@ -26,6 +26,8 @@ class _Counts:
     claimed: dict[str, int] = field(default_factory=dict)
     dead: dict[str, int] = field(default_factory=dict)
     completed: dict[str, int] = field(default_factory=dict)
+    done: dict[str, int] = field(default_factory=dict)
+    failed: dict[str, int] = field(default_factory=dict)
     oldest: dict[str, float] = field(default_factory=dict)
 
     def add(self, other: _Counts) -> None:
@@ -35,6 +37,8 @@ class _Counts:
             (self.claimed, other.claimed),
             (self.dead, other.dead),
             (self.completed, other.completed),
+            (self.done, other.done),
+            (self.failed, other.failed),
         ):
             for kind, n in theirs.items():
                 mine[kind] = mine.get(kind, 0) + n
@@ -45,7 +49,8 @@ class _Counts:
 def stats_from_rows(rows: Iterable[Row]) -> Stats:
     """`Stats` from rows of (queue, status, kind, n, scheduled, oldest_s): `n` counts every
     job of that queue, kind and status; for pending rows, `scheduled` of them wait for a
-    future run_at and `oldest_s` is the age of the oldest eligible one (None when none is)."""
+    future run_at and `oldest_s` is the age of the oldest eligible one (None when none is).
+    The statuses `done_last_hour` and `failed_last_hour` carry the per-minute counts' sums."""
     by_queue: dict[str, _Counts] = {}
     for r in rows:
         c = by_queue.setdefault(r["queue"], _Counts())
@@ -65,6 +70,10 @@ def stats_from_rows(rows: Iterable[Row]) -> Stats:
             c.completed[kind] = total
         elif status == "dead":
             c.dead[kind] = total
+        elif status == "done_last_hour":
+            c.done[kind] = total
+        elif status == "failed_last_hour":
+            c.failed[kind] = total
     totals = _Counts()
     queues: dict[str, QueueStats] = {}
     for name in sorted(by_queue):
@@ -77,6 +86,8 @@ def stats_from_rows(rows: Iterable[Row]) -> Stats:
             dead_by_kind=c.dead,
             oldest_pending_age_by_kind=c.oldest,
             completed_by_kind=c.completed,
+            done_last_hour_by_kind=c.done,
+            failed_last_hour_by_kind=c.failed,
         )
     return Stats(
         pending_by_kind=totals.pending,
@@ -85,5 +96,7 @@ def stats_from_rows(rows: Iterable[Row]) -> Stats:
         dead_by_kind=totals.dead,
         oldest_pending_age_by_kind=totals.oldest,
         completed_by_kind=totals.completed,
+        done_last_hour_by_kind=totals.done,
+        failed_last_hour_by_kind=totals.failed,
         queues=queues,
     )

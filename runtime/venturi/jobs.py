@@ -102,6 +102,10 @@ class _KindCounts:
     dead_by_kind: Mapping[str, int] = field(default_factory=dict)
     oldest_pending_age_by_kind: Mapping[str, float] = field(default_factory=dict)
     completed_by_kind: Mapping[str, int] = field(default_factory=dict)
+    done_last_hour_by_kind: Mapping[str, int] = field(default_factory=dict)
+    """Jobs completed in the minutes that began in the last hour (cleanup does not lower it)."""
+    failed_last_hour_by_kind: Mapping[str, int] = field(default_factory=dict)
+    """Jobs that failed for good (became dead) in the minutes that began in the last hour."""
 
     @property
     def pending(self) -> int:
@@ -122,6 +126,14 @@ class _KindCounts:
     @property
     def completed(self) -> int:
         return sum(self.completed_by_kind.values())
+
+    @property
+    def done_last_hour(self) -> int:
+        return sum(self.done_last_hour_by_kind.values())
+
+    @property
+    def failed_last_hour(self) -> int:
+        return sum(self.failed_last_hour_by_kind.values())
 
     @property
     def oldest_pending_age(self) -> float | None:
@@ -150,10 +162,24 @@ class Stats(_KindCounts):
 
     The `*_by_kind` fields are totals over all queues (an age: the oldest over all queues);
     `queues` holds the same figures per queue (`stats.queues["high"].pending_by_kind`), for
-    every queue that holds a job.
+    every queue that holds a job or finished one in the last hour.
     """
 
     queues: Mapping[str, QueueStats] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class MinuteCounts:
+    """Jobs of one queue and kind that finished in one minute (`Queue.finished_per_minute`)."""
+
+    minute: datetime
+    """The minute's start (database clock)."""
+    queue: str
+    kind: str
+    done: int
+    """Jobs completed."""
+    failed: int
+    """Jobs that failed for good (became dead)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import math
 import ssl as ssl_module
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -52,10 +53,14 @@ from venturi.jobs import (
     JobStatus,
     JournalEntry,
     JournalOutcome,
+    MinuteCounts,
     Stats,
 )
 
 DEFAULT_PREFIX = "venturi"
+# Seconds between two prunes of the per-minute counts by one store's settles: old minutes are
+# few, and any writer may delete them, so a minute's delay costs nothing.
+PRUNE_INTERVAL_S = 60.0
 
 SSLMode = Literal["disable", "prefer", "allow", "require", "verify-ca", "verify-full"]
 
@@ -154,6 +159,8 @@ class PostgresStore:
         # keeps none (the worker's loops would starve).
         self._held: asyncpg.pool.PoolConnectionProxy[Any] | None = None
         self._held_lock = asyncio.Lock()
+        # When a settle next prunes the per-minute counts (monotonic seconds; 0: the first).
+        self._prune_due = 0.0
 
     @classmethod
     async def connect(
@@ -540,6 +547,10 @@ class PostgresStore:
 
     async def settle(self, settlements: Sequence[Settlement], *, worker: str) -> set[uuid.UUID]:
         """Write outcomes and journal rows; returns the ids this worker still owned."""
+        now = time.monotonic()
+        prune = now >= self._prune_due
+        if prune:
+            self._prune_due = now + PRUNE_INTERVAL_S
         rows = await self._run.fetch(
             self._q["job_settle_many"],
             ids=[s.id for s in settlements],
@@ -553,6 +564,7 @@ class PostgresStore:
             durations_s=[s.duration_s for s in settlements],
             worker=worker,
             channel=self.channel,
+            prune=prune,
         )
         return {r["id"] for r in rows}
 
@@ -790,6 +802,22 @@ class PostgresStore:
     @_schema_required
     async def stats(self) -> Stats:
         return stats_from_rows(await self._run.fetch(self._q["stats"]))
+
+    @_schema_required
+    async def finished_per_minute(self, queue: str | None = None) -> list[MinuteCounts]:
+        """Jobs done and failed for good per minute, queue and kind, for the minutes that
+        began in the last two hours, oldest first (`queue` None: every queue)."""
+        rows = await self._run.fetch(self._q["minute_counts_list"], queue=queue)
+        return [
+            MinuteCounts(
+                minute=r["minute"],
+                queue=r["queue"],
+                kind=r["kind"],
+                done=r["done"],
+                failed=r["failed"],
+            )
+            for r in rows
+        ]
 
     @_schema_required
     async def claimed_by_pod(self) -> dict[str, int]:

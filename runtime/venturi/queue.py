@@ -27,7 +27,15 @@ from venturi._settings import DEFAULT_QUEUE, check_lease, check_queue_name
 from venturi.backoff import MAX_DELAY, Backoff, Seconds, to_seconds
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.hooks import Enqueued, Hooks
-from venturi.jobs import CleanupCriteria, Job, JobFilter, JobStatus, JournalEntry, Stats
+from venturi.jobs import (
+    CleanupCriteria,
+    Job,
+    JobFilter,
+    JobStatus,
+    JournalEntry,
+    MinuteCounts,
+    Stats,
+)
 from venturi.merge import DedupKey, Merge, MergeAction, Pending
 from venturi.postgres import Connection, PostgresStore
 from venturi.task import Priority, Task, carry_type_of, kind_of
@@ -296,8 +304,17 @@ class Queue:
 
     async def stats(self) -> Stats:
         """Live counts by kind: pending (eligible), scheduled, claimed, dead, completed, oldest
-        age."""
+        age, done and failed in the last hour; totals over every queue, and the same per queue
+        in `Stats.queues` (not only this `Queue`'s)."""
         return await self.store.stats()
+
+    async def finished_per_minute(self, queue: str | None = None) -> list[MinuteCounts]:
+        """Jobs done and failed for good per minute, per queue and kind, over the last two
+        hours (all that is kept), oldest first; minutes without any have no entry. `queue`
+        None: every queue."""
+        if queue is not None:
+            check_queue_name(queue)
+        return await self.store.finished_per_minute(queue)
 
     async def claimed_by_pod(self) -> dict[str, int]:
         """Claimed jobs per pod name (the worker's `WorkerIdentity.pod`), busy pods only; jobs

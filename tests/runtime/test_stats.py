@@ -279,9 +279,16 @@ def test_stats_rows_fold_into_queues_and_totals() -> None:
             row("q2", "claimed", "a", 1),
             row("q2", "dead", "b", 7),
             row("q1", "completed", "a", 9),
+            row("q1", "done_last_hour", "a", 11),
+            row("q2", "done_last_hour", "a", 1),
+            row("q3", "failed_last_hour", "c", 2),  # a queue with nothing left but its counts
         ]
     )
-    assert list(stats.queues) == ["q1", "q2"]
+    assert list(stats.queues) == ["q1", "q2", "q3"]
+    assert stats.queues["q1"].done_last_hour_by_kind == {"a": 11}
+    assert stats.queues["q3"].failed_last_hour_by_kind == {"c": 2}
+    assert stats.queues["q3"].pending_by_kind == {}
+    assert (stats.done_last_hour_by_kind, stats.failed_last_hour) == ({"a": 12}, 2)
     q1, q2 = stats.queues["q1"], stats.queues["q2"]
     assert (q1.pending_by_kind, q1.scheduled_by_kind) == ({"a": 3}, {"a": 2})
     assert q1.oldest_pending_age_by_kind == {"a": 3.0}

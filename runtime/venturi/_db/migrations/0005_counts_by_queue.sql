@@ -1,5 +1,5 @@
 -- Live counts by queue, kind and status (they were by kind and status), so stats() can say
--- what each queue holds. The same design as before (migration 0002): statement-level triggers
+-- what each queue holds; and per-minute counts of finished jobs (at the end). The same design as before (migration 0002): statement-level triggers
 -- add the deltas, sharded by backend so concurrent workers rarely wait on each other's counter
 -- rows, and readers sum the shards. The table is rebuilt under a lock that holds writers off,
 -- then backfilled from the jobs themselves.
@@ -52,3 +52,18 @@ SELECT queue, kind, status, 0, count(*) FROM {prefix}_jobs GROUP BY queue, kind,
 -- each. The (kind, run_at) index stays: the claim loop's next-due probe is by kind.
 CREATE INDEX {prefix}_jobs_pending_queue_kind_idx ON {prefix}_jobs (queue, kind, run_at)
     WHERE status = 'pending';
+
+-- Jobs done and failed (for good) per minute, per queue and kind, for "done and failed in the
+-- last hour" and the dashboard's series. Written by the statement that settles or recovers the
+-- jobs, so the counters move exactly when the jobs do; sharded by backend like the counts, so
+-- workers settling at once rarely share a row (readers sum the slots). Kept two hours: settles
+-- prune older minutes now and then, in bounded batches (no leader needed).
+CREATE TABLE {prefix}_minute_counts (
+    minute  timestamptz NOT NULL,
+    queue   text        NOT NULL,
+    kind    text        NOT NULL,
+    slot    smallint    NOT NULL,
+    done    bigint      NOT NULL,
+    failed  bigint      NOT NULL,
+    PRIMARY KEY (minute, queue, kind, slot)
+);
