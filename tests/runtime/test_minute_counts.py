@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 import asyncpg
+import pytest
 
 from venturi import Context, Outcome, PostgresStore, Queue, Task, TaskError, Worker
 from venturi._records import ClaimedJob, Recovery, Settlement, StaleJob
@@ -85,6 +86,8 @@ async def test_a_workers_outcomes_are_counted_per_queue_and_kind(store: Postgres
         ("default", "step"),
     }
     assert all(m.minute.second == 0 and m.minute.microsecond == 0 for m in series)
+    with pytest.raises(ValueError, match="invalid queue name 'no spaces'"):
+        await default.finished_per_minute("no spaces")
     only_high = await default.finished_per_minute("high")
     assert {m.queue for m in only_high} == {"high"}
     assert sum(m.done for m in only_high) == 5
