@@ -110,6 +110,7 @@ SECTIONS = [
             Metric("rate_ratio", "big / small", True, 2),
             Metric("stats_ms_small", "stats ms, small", False, 1),
             Metric("stats_ms_big", "stats ms, big", False, 1),
+            Metric("stats_ms_queues", "stats ms, big, 5 queues", False, 1),
         ],
     ),
 ]

@@ -129,7 +129,21 @@ def jobqueue(
     prefix: str = PREFIX,
     min_replicas: int = 0,
     max_replicas: int = MAX_REPLICAS,
+    queues: list[str] | None = None,
 ) -> Object:
+    pool: Object = {
+        "deployment": deployment,
+        "kinds": kinds,
+        "minReplicas": min_replicas,
+        "maxReplicas": max_replicas,
+        "targetPerReplica": TARGET,
+        "cooldownSeconds": COOLDOWN,
+        "maxOldestPendingAge": MAX_AGE,
+        # The HPA's default 300 s scale-down window would hold the pool for 5 minutes.
+        "behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}},
+    }
+    if queues is not None:
+        pool["queues"] = queues
     return {
         "apiVersion": "venturi.dev/v1alpha1",
         "kind": "JobQueue",
@@ -137,19 +151,7 @@ def jobqueue(
         "spec": {
             "database": {"secretName": secret, "key": "dsn", "prefix": prefix},
             "interval": INTERVAL,
-            "pools": [
-                {
-                    "deployment": deployment,
-                    "kinds": kinds,
-                    "minReplicas": min_replicas,
-                    "maxReplicas": max_replicas,
-                    "targetPerReplica": TARGET,
-                    "cooldownSeconds": COOLDOWN,
-                    "maxOldestPendingAge": MAX_AGE,
-                    # The HPA's default 300 s scale-down window would hold the pool for 5 minutes.
-                    "behavior": {"scaleDown": {"stabilizationWindowSeconds": 0}},
-                }
-            ],
+            "pools": [pool],
         },
     }
 
@@ -460,7 +462,8 @@ def test_03_jobqueue_ready_and_idle(
         "data": {"dsn": b64(db.dsn)},
     }
     kubectl.apply(secret, worker_deployment(DEPLOYMENT, QUEUE))
-    kubectl.apply(jobqueue(QUEUE, SECRET, DEPLOYMENT, list(KINDS)))
+    # The pool names its queue: its load is its kinds' jobs within the default queue.
+    kubectl.apply(jobqueue(QUEUE, SECRET, DEPLOYMENT, list(KINDS), queues=["default"]))
     state.queue_created = time.time()
 
     def ready() -> Object | None:
@@ -595,6 +598,11 @@ def test_04_missing_secret_is_reported_and_the_first_queue_keeps_working(
             "spec.database.prefix in body should match '^[a-z][a-z0-9_]{0,38}$'",
         ),
         ("e2e-bad-kinds", {"kinds_twice": True}, "a job kind may be served by at most one pool"),
+        (
+            "e2e-bad-queues",
+            {"kinds_twice": True, "queues": ["high", "default"]},
+            "a job kind may be served by at most one pool (in each queue",
+        ),
         # The pools are a list-type map keyed by deployment, each pool's kinds a list-type set:
         # the API server itself refuses duplicates (spec.py refuses them too).
         (
@@ -616,9 +624,12 @@ def test_05_invalid_jobqueue_is_rejected(
     twice = change.pop("kinds_twice", False)
     deployment_twice = change.pop("deployment_twice", False)
     kinds = change.pop("kinds", ["e2e_a", "e2e_b"])
-    obj = jobqueue(name, SECRET, DEPLOYMENT, kinds, **change)
+    queues = change.pop("queues", None)
+    obj = jobqueue(name, SECRET, DEPLOYMENT, kinds, queues=queues, **change)
     if twice:
         second = dict(obj["spec"]["pools"][0], deployment="e2e-worker-b", kinds=["e2e_b"])
+        if queues is not None:  # the second pool shares one queue and one kind
+            second["queues"] = queues[1:]
         obj["spec"]["pools"].append(second)
     if deployment_twice:
         second = dict(obj["spec"]["pools"][0], kinds=["e2e_c"])

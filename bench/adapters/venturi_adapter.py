@@ -20,7 +20,7 @@ from typing import Any
 
 import asyncpg
 
-from bench.adapters.base import OnStart, System, Unsupported, kind_name
+from bench.adapters.base import OnStart, System, Unsupported, kind_name, queue_name
 from venturi import Context, Outcome, Queue, Task, Worker
 from venturi.postgres import PostgresStore
 
@@ -82,6 +82,12 @@ class VenturiSystem(System):
     async def enqueue_many(self, kind: int, count: int, enqueued_at: float) -> None:
         task_type = TASK_TYPES[kind]
         await self.queue.enqueue_many([task_type(enqueued_at=enqueued_at) for _ in range(count)])
+
+    async def enqueue_many_in(self, queue: int, kind: int, count: int, enqueued_at: float) -> None:
+        assert self._store is not None
+        task_type = TASK_TYPES[kind]
+        named = Queue(self._store, queue=queue_name(queue))
+        await named.enqueue_many([task_type(enqueued_at=enqueued_at) for _ in range(count)])
 
     async def sql(self, query: str) -> Any:
         assert self._conn is not None

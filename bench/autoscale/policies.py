@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from bench.autoscale.model import Cluster
-from venturi import Stats
+from venturi import QueueStats, Stats
 from venturi_operator import cadence, policy, scalein
 from venturi_operator.spec import parse_spec, pool_loads
 
@@ -55,11 +55,18 @@ def cluster_stats(cluster: Cluster) -> Stats:
     claimed = cluster.claimed
     age = cluster.oldest_pending_age()
     done = cluster.completed_total
-    return Stats(
+    queue = QueueStats(
         pending_by_kind={KIND: pending} if pending else {},
         claimed_by_kind={KIND: claimed} if claimed else {},
         oldest_pending_age_by_kind={KIND: age} if age is not None else {},
         completed_by_kind={KIND: done} if done else {},
+    )
+    return Stats(
+        pending_by_kind=queue.pending_by_kind,
+        claimed_by_kind=queue.claimed_by_kind,
+        oldest_pending_age_by_kind=queue.oldest_pending_age_by_kind,
+        completed_by_kind=queue.completed_by_kind,
+        queues={"default": queue},
     )
 
 

@@ -368,8 +368,8 @@ class PoolLoad:
     #: Jobs finished so far (completed + dead, as the stats count them), or None when unknown;
     #: the difference between two ticks is the completions in between.
     finished: int | None = None
-    #: Of ``pending``, jobs in paused queues: no demand. (A seam: the runtime has no paused
-    #: queues yet, so this is always 0 today.)
+    #: Of ``pending``, jobs in paused queues: no demand. (Read from the stats' per-queue
+    #: ``paused``, which the runtime reports as False until queues can be paused: 0 today.)
     paused: int = 0
     #: Of ``pending``, jobs of kinds no live worker serves: no demand, a condition. (A seam:
     #: the runtime has no worker registry yet, so this is always 0 today.)

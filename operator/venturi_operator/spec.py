@@ -36,6 +36,7 @@ __all__ = [
     "Behavior",
     "DatabaseRef",
     "JobQueueSpec",
+    "KindStats",
     "PolicyType",
     "PoolLoad",
     "PoolSpec",
@@ -72,9 +73,13 @@ MAX_OLDEST_PENDING_AGE_MIN, MAX_OLDEST_PENDING_AGE_MAX = 1, 604800
 #: up to 200 characters the worst case still passes on kube-apiserver 1.36.
 MAX_POOLS = 10
 MAX_KINDS_PER_POOL = 32
+#: Queues per pool; the same CEL rule compares them too, so they are bounded the same way.
+MAX_QUEUES_PER_POOL = 8
+#: The runtime's default queue: where a job goes when its producer names none.
+DEFAULT_QUEUE = "default"
 
 # Kubernetes object names (RFC 1123 subdomain), Secret data keys, the runtime's table prefix
-# (venturi's own check) and job kinds (venturi.task's KIND rule).
+# (venturi's own check) and job kinds and queue names (venturi.task's KIND rule).
 _DNS_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
 _SECRET_KEY = re.compile(r"[-._a-zA-Z0-9]+")
 _PREFIX = re.compile(r"[a-z][a-z0-9_]{0,38}")
@@ -131,15 +136,17 @@ class DatabaseRef:
 
 @dataclass(frozen=True, kw_only=True)
 class PoolSpec:
-    """One worker pool: a Deployment, the job kinds it serves, and how it scales.
+    """One worker pool: a Deployment, the job kinds and queues it serves, and how it scales.
 
     Provides :class:`venturi_operator.policy.PoolScaling`, what ``decide`` reads.
     """
 
     #: The Deployment's name, in the JobQueue's namespace.
     deployment: str
-    #: The job kinds it serves; None makes it the catch-all for every kind no other pool names.
+    #: The job kinds it serves; None: every kind (of its queues) no more specific pool names.
     kinds: tuple[str, ...] | None = None
+    #: The queues it serves; None: every queue. A pool with neither is the catch-all.
+    queues: tuple[str, ...] | None = None
     min_replicas: int = DEFAULT_MIN_REPLICAS
     max_replicas: int
     #: Outstanding jobs (pending + claimed) one replica should carry.
@@ -170,6 +177,20 @@ class PoolSpec:
                     f"expected a job kind ([A-Za-z0-9][A-Za-z0-9_.:/-]{{0,199}}), got {kind!r}",
                 )
                 _check(kind not in self.kinds[:i], f"kinds[{i}]", f"duplicate kind {kind!r}")
+        if self.queues is not None:
+            _check(
+                1 <= len(self.queues) <= MAX_QUEUES_PER_POOL,
+                "queues",
+                f"expected 1 to {MAX_QUEUES_PER_POOL} queues (omit it to serve every queue), "
+                f"got {len(self.queues)}",
+            )
+            for i, queue in enumerate(self.queues):
+                _check(
+                    _KIND.fullmatch(queue) is not None,
+                    f"queues[{i}]",
+                    f"expected a queue name ([A-Za-z0-9][A-Za-z0-9_.:/-]{{0,199}}), got {queue!r}",
+                )
+                _check(queue not in self.queues[:i], f"queues[{i}]", f"duplicate queue {queue!r}")
         _check(self.min_replicas >= 0, "minReplicas", f"expected >= 0, got {self.min_replicas}")
         _check(self.max_replicas >= 1, "maxReplicas", f"expected >= 1, got {self.max_replicas}")
         _check(
@@ -232,8 +253,6 @@ class JobQueueSpec:
             "pools",
             f"expected 1 to {MAX_POOLS} pools, got {len(self.pools)}",
         )
-        owner: dict[str, str] = {}
-        catch_all: str | None = None
         for i, pool in enumerate(self.pools):
             earlier = [p.deployment for p in self.pools[:i]]
             _check(
@@ -241,35 +260,63 @@ class JobQueueSpec:
                 f"pools[{i}].deployment",
                 f"duplicate deployment {pool.deployment!r}",
             )
-            if pool.kinds is None:
-                _check(
-                    catch_all is None,
-                    f"pools[{i}].kinds",
-                    f"only one pool may omit kinds (the catch-all), and {catch_all!r} already does",
-                )
-                catch_all = pool.deployment
-                continue
-            for j, kind in enumerate(pool.kinds):
-                _check(
-                    kind not in owner,
-                    f"pools[{i}].kinds[{j}]",
-                    f"kind {kind!r} is already served by {owner.get(kind)!r}",
-                )
-                owner[kind] = pool.deployment
+            for other in self.pools[:i]:
+                _check_disjoint(i, pool, other)
 
-    def pool_for(self, kind: str) -> PoolSpec | None:
-        """The pool serving ``kind``: the one naming it, else the catch-all, else None."""
-        catch_all = None
+    def pool_for(self, kind: str, queue: str = DEFAULT_QUEUE) -> PoolSpec | None:
+        """The pool serving jobs of ``kind`` in ``queue``, or None. The most specific pool
+        wins: one naming the queue and the kind, then one naming the queue (every kind of
+        it), then one naming the kind (in every queue), then the catch-all."""
+        best: PoolSpec | None = None
+        best_rank = -1
         for pool in self.pools:
-            if pool.kinds is None:
-                catch_all = pool
-            elif kind in pool.kinds:
-                return pool
-        return catch_all
+            if pool.queues is not None and queue not in pool.queues:
+                continue
+            if pool.kinds is not None and kind not in pool.kinds:
+                continue
+            rank = (2 if pool.queues is not None else 0) + (1 if pool.kinds is not None else 0)
+            if rank > best_rank:
+                best, best_rank = pool, rank
+        return best
 
 
-class QueueStats(Protocol):
-    """The part of the runtime's ``venturi.Stats`` that scaling needs, all keyed by job kind.
+def _check_disjoint(i: int, pool: PoolSpec, other: PoolSpec) -> None:
+    """Two pools may overlap only at different precedence (see `pool_for`): of two pools that
+    both name queues or both do not, and both name kinds or both do not, no (queue, kind) may
+    be served by both."""
+    if (pool.queues is None) != (other.queues is None) or (pool.kinds is None) != (
+        other.kinds is None
+    ):
+        return
+    shared_queues = [q for q in pool.queues or () if q in (other.queues or ())]
+    if pool.queues is not None and not shared_queues:
+        return
+    where = f" of queue {shared_queues[0]!r}" if shared_queues else ""
+    if pool.kinds is not None:
+        for j, kind in enumerate(pool.kinds):
+            if kind in (other.kinds or ()):
+                raise SpecError(
+                    f"pools[{i}].kinds[{j}]",
+                    f"kind {kind!r}{where} is already served by {other.deployment!r}",
+                )
+        return
+    if pool.queues is not None:
+        j = pool.queues.index(shared_queues[0])
+        raise SpecError(
+            f"pools[{i}].queues[{j}]",
+            f"queue {shared_queues[0]!r} is already served by {other.deployment!r} (neither "
+            "pool names kinds)",
+        )
+    raise SpecError(
+        f"pools[{i}].kinds",
+        f"only one pool may omit both kinds and queues (the catch-all), and "
+        f"{other.deployment!r} already does",
+    )
+
+
+class KindStats(Protocol):
+    """The part of the runtime's stats that scaling needs, keyed by job kind: what the
+    runtime's ``venturi.QueueStats`` (one queue) holds.
 
     Dead and completed jobs need no worker: their totals only tell, tick to tick, how many jobs
     finished (the pool's completion rate).
@@ -300,55 +347,90 @@ class QueueStats(Protocol):
         """Dead jobs kept (a cleanup lowers it)."""
         ...
 
+    @property
+    def paused(self) -> bool:
+        """Whether the queue is paused: its pending jobs are no demand."""
+        ...
+
+
+class QueueStats(Protocol):
+    """The runtime's ``venturi.Stats`` as scaling reads it: the same figures per queue."""
+
+    @property
+    def queues(self) -> Mapping[str, KindStats]:
+        """Each queue's figures by kind, for every queue holding a job."""
+        ...
+
+    @property
+    def pending_by_kind(self) -> Mapping[str, int]:
+        """Jobs eligible to run now and not claimed, over all queues."""
+        ...
+
+    @property
+    def claimed_by_kind(self) -> Mapping[str, int]:
+        """Jobs claimed by a worker and not yet settled, over all queues."""
+        ...
+
 
 def pool_loads(spec: JobQueueSpec, stats: QueueStats) -> dict[str, PoolLoad]:
     """Each pool's load, keyed by deployment in spec order.
 
-    A pool's load sums the kinds it serves; the catch-all pool serves every kind in the stats that
-    no other pool names. Kinds no pool serves are in :func:`unserved_kinds`.
+    A pool's load sums the jobs of the (queue, kind) pairs it serves (see
+    :meth:`JobQueueSpec.pool_for`); pending jobs of a paused queue count as pending and as
+    ``paused``. Pairs no pool serves are in :func:`unserved_kinds`.
     """
     pending = {pool.deployment: 0 for pool in spec.pools}
     claimed = dict(pending)
     finished = dict(pending)
+    paused = dict(pending)
     oldest: dict[str, float | None] = dict.fromkeys(pending)
-    kinds = (
-        set(stats.pending_by_kind)
-        | set(stats.claimed_by_kind)
-        | set(stats.oldest_pending_age_by_kind)
-        | set(stats.completed_by_kind)
-        | set(stats.dead_by_kind)
-    )
-    for kind in kinds:
-        pool = spec.pool_for(kind)
-        if pool is None:
-            continue
-        name = pool.deployment
-        pending[name] += stats.pending_by_kind.get(kind, 0)
-        claimed[name] += stats.claimed_by_kind.get(kind, 0)
-        finished[name] += stats.completed_by_kind.get(kind, 0) + stats.dead_by_kind.get(kind, 0)
-        age = stats.oldest_pending_age_by_kind.get(kind)
-        if age is not None and stats.pending_by_kind.get(kind, 0) > 0:
-            # Database time can be a hair ahead of a job's run_at; an age is never negative.
-            age = max(0.0, age)
-            current = oldest[name]
-            oldest[name] = age if current is None else max(current, age)
+    for queue, q in stats.queues.items():
+        kinds = (
+            set(q.pending_by_kind)
+            | set(q.claimed_by_kind)
+            | set(q.oldest_pending_age_by_kind)
+            | set(q.completed_by_kind)
+            | set(q.dead_by_kind)
+        )
+        for kind in kinds:
+            pool = spec.pool_for(kind, queue)
+            if pool is None:
+                continue
+            name = pool.deployment
+            waiting = q.pending_by_kind.get(kind, 0)
+            pending[name] += waiting
+            if q.paused:
+                paused[name] += waiting
+            claimed[name] += q.claimed_by_kind.get(kind, 0)
+            finished[name] += q.completed_by_kind.get(kind, 0) + q.dead_by_kind.get(kind, 0)
+            age = q.oldest_pending_age_by_kind.get(kind)
+            if age is not None and waiting > 0 and not q.paused:
+                # Database time can be a hair ahead of a job's run_at; an age is never negative.
+                age = max(0.0, age)
+                current = oldest[name]
+                oldest[name] = age if current is None else max(current, age)
     return {
         name: PoolLoad(
             pending=pending[name],
             claimed=claimed[name],
             oldest_pending_age=oldest[name],
             finished=finished[name],
+            paused=paused[name],
         )
         for name in pending
     }
 
 
 def unserved_kinds(spec: JobQueueSpec, stats: QueueStats) -> frozenset[str]:
-    """Kinds with pending or claimed jobs that no pool serves (worth a warning in status)."""
-    busy = {k for k, n in stats.pending_by_kind.items() if n > 0} | {
-        k for k, n in stats.claimed_by_kind.items() if n > 0
-    }
-    return frozenset(kind for kind in busy if spec.pool_for(kind) is None)
+    """Kinds with pending or claimed jobs, in some queue, that no pool serves there (worth a
+    warning in status)."""
+    return frozenset(
+        kind
+        for queue, q in stats.queues.items()
+        for by_kind in (q.pending_by_kind, q.claimed_by_kind)
+        for kind, n in by_kind.items()
+        if n > 0 and spec.pool_for(kind, queue) is None
+    )
 
 
 # --- parsing -------------------------------------------------------------------------------------
@@ -458,6 +540,7 @@ def _parse_database(raw: object, path: str) -> DatabaseRef:
 _POOL_FIELDS = (
     "deployment",
     "kinds",
+    "queues",
     "minReplicas",
     "maxReplicas",
     "targetPerReplica",
@@ -476,6 +559,10 @@ def _parse_pool(raw: object, path: str) -> PoolSpec:
     if "kinds" in obj:
         raw_kinds = _list(obj["kinds"], f"{path}.kinds")
         kinds = tuple(_str(kind, f"{path}.kinds[{i}]") for i, kind in enumerate(raw_kinds))
+    queues = None
+    if "queues" in obj:
+        raw_queues = _list(obj["queues"], f"{path}.queues")
+        queues = tuple(_str(q, f"{path}.queues[{i}]") for i, q in enumerate(raw_queues))
     min_replicas = _int_or(obj, "minReplicas", path, DEFAULT_MIN_REPLICAS)
     max_replicas = _int(_required(obj, "maxReplicas", path), f"{path}.maxReplicas")
     target = _int(_required(obj, "targetPerReplica", path), f"{path}.targetPerReplica")
@@ -492,6 +579,7 @@ def _parse_pool(raw: object, path: str) -> PoolSpec:
         return PoolSpec(
             deployment=deployment,
             kinds=kinds,
+            queues=queues,
             min_replicas=min_replicas,
             max_replicas=max_replicas,
             target_per_replica=target,

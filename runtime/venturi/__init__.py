@@ -26,6 +26,8 @@ from venturi.jobs import (
     JobStatus,
     JournalEntry,
     JournalOutcome,
+    MinuteCounts,
+    QueueStats,
     Stats,
 )
 from venturi.maintenance import MaintenanceService, Retention
@@ -64,6 +66,7 @@ __all__ = [
     "MaintenanceService",
     "Merge",
     "Middleware",
+    "MinuteCounts",
     "Outcome",
     "PanicPolicy",
     "PayloadError",
@@ -72,6 +75,7 @@ __all__ = [
     "Priority",
     "Queue",
     "QueueState",
+    "QueueStats",
     "Retention",
     "SchemaError",
     "SealedCodec",

@@ -111,14 +111,8 @@ class FailedJob:
 
 
 @dataclass(frozen=True, slots=True)
-class Stats:
-    """A snapshot of live queue state, from one grouped query over partial indexes.
-
-    Ages are seconds, measured by the database clock. "Pending" counts jobs eligible now;
-    jobs waiting for a future run_at are counted in `scheduled_by_kind`. `completed_by_kind`
-    and `dead_by_kind` are totals of the jobs kept (cleanup lowers them): two snapshots'
-    difference is the jobs that finished in between, unless a cleanup ran meanwhile.
-    """
+class _KindCounts:
+    """Live counts by kind, and their totals (what `Stats` and `QueueStats` share)."""
 
     pending_by_kind: Mapping[str, int] = field(default_factory=dict)
     scheduled_by_kind: Mapping[str, int] = field(default_factory=dict)
@@ -126,12 +120,18 @@ class Stats:
     dead_by_kind: Mapping[str, int] = field(default_factory=dict)
     oldest_pending_age_by_kind: Mapping[str, float] = field(default_factory=dict)
     completed_by_kind: Mapping[str, int] = field(default_factory=dict)
-    paused_queues: frozenset[str] = frozenset()
-    """Named queues paused now: their jobs are counted as pending above, and wait."""
+    done_last_hour_by_kind: Mapping[str, int] = field(default_factory=dict)
+    """Jobs completed in the minutes that began in the last hour (cleanup does not lower it)."""
+    failed_last_hour_by_kind: Mapping[str, int] = field(default_factory=dict)
+    """Jobs that failed for good (became dead) in the minutes that began in the last hour."""
 
     @property
     def pending(self) -> int:
         return sum(self.pending_by_kind.values())
+
+    @property
+    def scheduled(self) -> int:
+        return sum(self.scheduled_by_kind.values())
 
     @property
     def claimed(self) -> int:
@@ -146,9 +146,60 @@ class Stats:
         return sum(self.completed_by_kind.values())
 
     @property
+    def done_last_hour(self) -> int:
+        return sum(self.done_last_hour_by_kind.values())
+
+    @property
+    def failed_last_hour(self) -> int:
+        return sum(self.failed_last_hour_by_kind.values())
+
+    @property
     def oldest_pending_age(self) -> float | None:
         """Seconds the oldest eligible job has waited, over all kinds (None when none)."""
         return max(self.oldest_pending_age_by_kind.values(), default=None)
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStats(_KindCounts):
+    """One queue's live state, by kind: `Stats.queues[name]`. The fields mean what the same
+    fields of `Stats` mean, for this queue's jobs only."""
+
+    paused: bool = False
+    """Whether the queue is paused now (its pending jobs wait until it resumes)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Stats(_KindCounts):
+    """A snapshot of live queue state, from one grouped query over partial indexes.
+
+    Ages are seconds, measured by the database clock. "Pending" counts jobs eligible now;
+    jobs waiting for a future run_at are counted in `scheduled_by_kind`. `completed_by_kind`
+    and `dead_by_kind` are totals of the jobs kept (cleanup lowers them): two snapshots'
+    difference is the jobs that finished in between, unless a cleanup ran meanwhile.
+
+    The `*_by_kind` fields are totals over all queues (an age: the oldest over all queues);
+    `queues` holds the same figures per queue (`stats.queues["high"].pending_by_kind`), for
+    every queue that holds a job or finished one in the last hour.
+    """
+
+    queues: Mapping[str, QueueStats] = field(default_factory=dict)
+    paused_queues: frozenset[str] = frozenset()
+    """Named queues paused now (with jobs or not): their jobs are counted as pending above,
+    and wait."""
+
+
+@dataclass(frozen=True, slots=True)
+class MinuteCounts:
+    """Jobs of one queue and kind that finished in one minute (`Queue.finished_per_minute`)."""
+
+    minute: datetime
+    """The minute's start (database clock)."""
+    queue: str
+    kind: str
+    done: int
+    """Jobs completed."""
+    failed: int
+    """Jobs that failed for good (became dead)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -15,6 +15,7 @@ import functools
 import hashlib
 import math
 import ssl as ssl_module
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
@@ -45,6 +46,7 @@ from venturi._records import (
     Settlement,
     StaleJob,
 )
+from venturi._stats import stats_from_rows
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.errors import JobStateError, SchemaError, StoreClosedError
 from venturi.jobs import (
@@ -55,6 +57,7 @@ from venturi.jobs import (
     JobStatus,
     JournalEntry,
     JournalOutcome,
+    MinuteCounts,
     Stats,
 )
 from venturi.pauses import QueueState
@@ -64,6 +67,10 @@ DEFAULT_PREFIX = "venturi"
 DEFAULT_HOOK_LEASE_S = 15 * 60.0
 """Seconds a dead job's failure step is leased to the worker that made it dead (the worker's
 lease, when it passes one)."""
+
+# Seconds between two prunes of the per-minute counts by one store's settles: old minutes are
+# few, and any writer may delete them, so a minute's delay costs nothing.
+PRUNE_INTERVAL_S = 60.0
 
 SSLMode = Literal["disable", "prefer", "allow", "require", "verify-ca", "verify-full"]
 Pooler = Literal["none", "transaction"]
@@ -181,6 +188,8 @@ class PostgresStore:
         # keeps none (the worker's loops would starve).
         self._held: asyncpg.pool.PoolConnectionProxy[Any] | None = None
         self._held_lock = asyncio.Lock()
+        # When a settle next prunes the per-minute counts (monotonic seconds; 0: the first).
+        self._prune_due = 0.0
 
     @classmethod
     async def connect(
@@ -714,6 +723,10 @@ class PostgresStore:
     ) -> set[uuid.UUID]:
         """Write outcomes and journal rows; returns the ids this worker still owned. A dead
         outcome's failure step is leased to this worker for `hook_lease_s`."""
+        now = time.monotonic()
+        prune = now >= self._prune_due
+        if prune:
+            self._prune_due = now + PRUNE_INTERVAL_S
         rows = await self._run.fetch(
             self._q["job_settle_many"],
             ids=[s.id for s in settlements],
@@ -729,6 +742,7 @@ class PostgresStore:
             hook_lease_s=hook_lease_s,
             worker=worker,
             channel=self.channel,
+            prune=prune,
         )
         return {r["id"] for r in rows}
 
@@ -1055,37 +1069,23 @@ class PostgresStore:
     async def stats(self) -> Stats:
         rows = await self._run.fetch(self._q["stats"])
         paused = await self._run.fetch(self._q["queue_list_paused"])
-        pending: dict[str, int] = {}
-        scheduled: dict[str, int] = {}
-        claimed: dict[str, int] = {}
-        dead: dict[str, int] = {}
-        completed: dict[str, int] = {}
-        oldest: dict[str, float] = {}
-        for r in rows:
-            status, kind, total = r["status"], r["kind"], r["n"]
-            if status == "pending":
-                n = total - r["scheduled"]
-                if n > 0:
-                    pending[kind] = n
-                if r["scheduled"]:
-                    scheduled[kind] = r["scheduled"]
-                if r["oldest_s"] is not None:
-                    oldest[kind] = max(0.0, r["oldest_s"])
-            elif status == "claimed":
-                claimed[kind] = total
-            elif status == "completed":
-                completed[kind] = total
-            else:
-                dead[kind] = total
-        return Stats(
-            pending_by_kind=pending,
-            scheduled_by_kind=scheduled,
-            claimed_by_kind=claimed,
-            dead_by_kind=dead,
-            oldest_pending_age_by_kind=oldest,
-            completed_by_kind=completed,
-            paused_queues=frozenset(r["name"] for r in paused),
-        )
+        return stats_from_rows(rows, frozenset(r["name"] for r in paused))
+
+    @_schema_required
+    async def finished_per_minute(self, queue: str | None = None) -> list[MinuteCounts]:
+        """Jobs done and failed for good per minute, queue and kind, for the minutes that
+        began in the last two hours, oldest first (`queue` None: every queue)."""
+        rows = await self._run.fetch(self._q["minute_counts_list"], queue=queue)
+        return [
+            MinuteCounts(
+                minute=r["minute"],
+                queue=r["queue"],
+                kind=r["kind"],
+                done=r["done"],
+                failed=r["failed"],
+            )
+            for r in rows
+        ]
 
     # -- queue control ---------------------------------------------------------------
 

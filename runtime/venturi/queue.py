@@ -43,6 +43,7 @@ from venturi.jobs import (
     JobFilter,
     JobStatus,
     JournalEntry,
+    MinuteCounts,
     Stats,
 )
 from venturi.merge import DEDUP_KEY_MAX_BYTES, DedupKey, Merge, MergeAction, Pending
@@ -450,8 +451,17 @@ class Queue:
 
     async def stats(self) -> Stats:
         """Live counts by kind: pending (eligible), scheduled, claimed, dead, completed, oldest
-        age; and the queues paused now."""
+        age, done and failed in the last hour; totals over every queue, and the same per queue
+        in `Stats.queues` (not only this `Queue`'s); and the queues paused now."""
         return await self.store.stats()
+
+    async def finished_per_minute(self, queue: str | None = None) -> list[MinuteCounts]:
+        """Jobs done and failed for good per minute, per queue and kind, over the last two
+        hours (all that is kept), oldest first; minutes without any have no entry. `queue`
+        None: every queue."""
+        if queue is not None:
+            check_queue_name(queue)
+        return await self.store.finished_per_minute(queue)
 
     # -- failed jobs -----------------------------------------------------------------
 

@@ -162,6 +162,41 @@ async def test_scales_from_the_queue_and_reports_it(
         await kube.wait_until(lambda: reconciler.pools_at_zero_for(NS, "mail", "mail"))
 
 
+async def test_pools_by_queue_scale_from_their_own_queues_jobs(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    await Queue(store, queue="high").enqueue_many(Mail() for _ in range(25))
+    await Queue(store).enqueue_many(Mail() for _ in range(12))
+    await Queue(store, queue="bulk").enqueue_many(Report() for _ in range(7))
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "urgent", "mail", replicas=0)
+    worker(kube, "mailer", "mail", replicas=0)
+    body = spec(store.prefix, deployment="urgent", queues=["high"])
+    del body["pools"][0]["kinds"]  # every kind of queue "high"
+    body["pools"].append(dict(spec(store.prefix)["pools"][0]))  # "mail", in every other queue
+    kube.jobqueue(NS, "mail", body)
+
+    async with operator(kube):
+        await replicas_become(kube, "urgent", 3)  # ceil(25 / 10): the high queue's mail
+        await replicas_become(kube, "mailer", 2)  # ceil(12 / 10): the default queue's
+        jq = await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            "mail",
+            lambda o: (
+                [p.get("currentReplicas") for p in o.get("status", {}).get("pools", [])] == [3, 2]
+            ),
+            timeout=TIMEOUT,
+        )
+        status = jq["status"]
+        assert [(p["deployment"], p["pending"]) for p in status["pools"]] == [
+            ("urgent", 25),
+            ("mailer", 12),
+        ]
+        assert status["stats"]["pendingByKind"] == {"mail": 37, "report": 7}
+        assert status["stats"]["unservedKinds"] == ["report"]  # queue "bulk" has no pool
+
+
 async def test_never_zero_while_jobs_are_claimed(
     kube: KubeHarness, store: PostgresStore, pg_dsn: str
 ) -> None:

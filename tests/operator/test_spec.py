@@ -53,6 +53,7 @@ FULL: Json = {
         {
             "deployment": "mailers",
             "kinds": ["send_email", "send_sms"],
+            "queues": ["default", "mail"],
             "minReplicas": 1,
             "maxReplicas": 20,
             "targetPerReplica": 8,
@@ -81,6 +82,17 @@ FULL: Json = {
         {"deployment": "general", "maxReplicas": 5, "targetPerReplica": 32},
     ],
 }
+
+
+def second_pool_like_the_first(kinds: list[str]) -> Json:
+    """FULL with its second pool naming the first pool's queues and ``kinds``."""
+    general = {**FULL["pools"][1], "queues": ["mail"], "kinds": kinds}
+    return with_(FULL, "pools[1]", general)
+
+
+def no_catch_all_filter(doc: Json, i: int) -> Json:
+    """``doc`` with pool ``i``'s kinds and queues removed: a catch-all."""
+    return without(without(doc, f"pools[{i}].kinds"), f"pools[{i}].queues")
 
 
 def with_(doc: Json, path: str, value: Json) -> Json:
@@ -148,6 +160,7 @@ def test_full_spec_keeps_every_value() -> None:
     assert mailers == PoolSpec(
         deployment="mailers",
         kinds=("send_email", "send_sms"),
+        queues=("default", "mail"),
         min_replicas=1,
         max_replicas=20,
         target_per_replica=8,
@@ -250,8 +263,26 @@ BAD_SPECS = [
         with_(FULL, "pools[1].deployment", "mailers"),
         "spec.pools[1].deployment",
     ),
-    ("kind in two pools", with_(FULL, "pools[1].kinds", ["send_sms"]), "spec.pools[1].kinds[0]"),
-    ("two catch-all pools", without(FULL, "pools[0].kinds"), "spec.pools[1].kinds"),
+    ("kind in two pools", second_pool_like_the_first(["send_sms"]), "spec.pools[1].kinds[0]"),
+    ("two catch-all pools", no_catch_all_filter(FULL, 0), "spec.pools[1].kinds"),
+    (
+        "queue in two pools without kinds",
+        with_(without(FULL, "pools[0].kinds"), "pools[1].queues", ["mail"]),
+        "spec.pools[1].queues[0]",
+    ),
+    (
+        "kind in two pools without queues",
+        with_(without(FULL, "pools[0].queues"), "pools[1].kinds", ["send_email"]),
+        "spec.pools[1].kinds[0]",
+    ),
+    ("queues a string", with_(MINIMAL, "pools[0].queues", "high"), "spec.pools[0].queues"),
+    ("queues empty", with_(MINIMAL, "pools[0].queues", []), "spec.pools[0].queues"),
+    ("queue with a space", with_(MINIMAL, "pools[0].queues", ["a b"]), "spec.pools[0].queues[0]"),
+    (
+        "queue listed twice",
+        with_(MINIMAL, "pools[0].queues", ["a", "a"]),
+        "spec.pools[0].queues[1]",
+    ),
     (
         "selectPolicy in lower case",
         with_(FULL, "pools[0].behavior.scaleUp.selectPolicy", "max"),
@@ -311,28 +342,45 @@ def test_pool_for_prefers_a_named_pool_over_the_catch_all() -> None:
 
 
 @dataclass(frozen=True)
-class Stats:
-    """Shaped like the runtime's venturi.Stats (which this package must not import)."""
+class Kinds:
+    """Shaped like the runtime's venturi.QueueStats (which this package must not import)."""
 
     pending_by_kind: Mapping[str, int] = field(default_factory=dict)
     claimed_by_kind: Mapping[str, int] = field(default_factory=dict)
     oldest_pending_age_by_kind: Mapping[str, float] = field(default_factory=dict)
     dead_by_kind: Mapping[str, int] = field(default_factory=dict)
     completed_by_kind: Mapping[str, int] = field(default_factory=dict)
+    paused: bool = False
 
 
-STATS = Stats(
-    pending_by_kind={"send_email": 3, "send_sms": 2, "report": 0, "reindex": 7, "other": 1},
-    claimed_by_kind={"send_email": 1, "report": 2, "reindex": 1},
-    oldest_pending_age_by_kind={
-        "send_email": 12.5,
-        "send_sms": 40.0,
-        "report": 99.0,  # nothing pending: a stale age must not count
-        "reindex": 5.0,
-        "other": -0.2,  # database time a hair ahead of run_at
-    },
-    dead_by_kind={"send_email": 4},
-    completed_by_kind={"send_email": 100, "send_sms": 20, "archive": 7},
+@dataclass(frozen=True)
+class Stats(Kinds):
+    """Shaped like the runtime's venturi.Stats: totals, and the same per queue."""
+
+    queues: Mapping[str, Kinds] = field(default_factory=dict)
+
+
+def in_queues(by_queue: Mapping[str, Kinds]) -> Stats:
+    """Stats holding ``by_queue`` (the totals are not what pool_loads reads)."""
+    return Stats(queues=by_queue)
+
+
+STATS = in_queues(
+    {
+        "default": Kinds(
+            pending_by_kind={"send_email": 3, "send_sms": 2, "report": 0, "reindex": 7, "other": 1},
+            claimed_by_kind={"send_email": 1, "report": 2, "reindex": 1},
+            oldest_pending_age_by_kind={
+                "send_email": 12.5,
+                "send_sms": 40.0,
+                "report": 99.0,  # nothing pending: a stale age must not count
+                "reindex": 5.0,
+                "other": -0.2,  # database time a hair ahead of run_at
+            },
+            dead_by_kind={"send_email": 4},
+            completed_by_kind={"send_email": 100, "send_sms": 20, "archive": 7},
+        )
+    }
 )
 
 THREE_POOLS: Json = {
@@ -367,6 +415,76 @@ def test_without_a_catch_all_other_kinds_are_unserved() -> None:
     assert list(loads) == ["mailers", "reports"]
     assert unserved_kinds(spec, STATS) == {"reindex", "other"}
     assert unserved_kinds(parse_spec(THREE_POOLS), STATS) == frozenset()
+
+
+BY_QUEUE: Json = {
+    "database": {"secretName": "queue-db"},
+    "pools": [
+        {"deployment": "urgent", "queues": ["high"], "maxReplicas": 5, "targetPerReplica": 1},
+        {
+            "deployment": "urgent-mail",
+            "queues": ["high"],
+            "kinds": ["send_email"],
+            "maxReplicas": 5,
+            "targetPerReplica": 1,
+        },
+        {"deployment": "mailers", "kinds": ["send_email"], "maxReplicas": 5, "targetPerReplica": 1},
+        {"deployment": "rest", "maxReplicas": 5, "targetPerReplica": 1},
+    ],
+}
+
+
+def test_pool_for_takes_the_most_specific_pool_queue_first() -> None:
+    spec = parse_spec(BY_QUEUE)
+    urgent, urgent_mail, mailers, rest = spec.pools
+    assert spec.pool_for("send_email", "high") is urgent_mail  # its queue and its kind
+    assert spec.pool_for("report", "high") is urgent  # its queue, every kind of it
+    assert spec.pool_for("send_email", "default") is mailers  # its kind, in every queue
+    assert spec.pool_for("send_email", "bulk") is mailers
+    assert spec.pool_for("report", "bulk") is rest  # the catch-all
+    assert spec.pool_for("report") is rest  # the default queue
+    # Pools of different precedence may overlap; pools of the same may not.
+    same = with_(BY_QUEUE, "pools[2].queues", ["high", "bulk"])
+    with pytest.raises(
+        SpecError, match=r"pools\[2\]\.kinds\[0\]: kind 'send_email' of queue 'high'"
+    ):
+        parse_spec(same)
+
+
+def test_pool_loads_sum_the_kinds_of_each_pools_queues() -> None:
+    stats = in_queues(
+        {
+            "high": Kinds(
+                pending_by_kind={"send_email": 2, "report": 3},
+                claimed_by_kind={"report": 1},
+                oldest_pending_age_by_kind={"send_email": 9.0, "report": 4.0},
+                completed_by_kind={"report": 10},
+            ),
+            "default": Kinds(
+                pending_by_kind={"send_email": 5, "report": 1},
+                claimed_by_kind={"send_email": 2},
+                oldest_pending_age_by_kind={"send_email": 30.0, "report": 60.0},
+                dead_by_kind={"send_email": 1},
+            ),
+            "bulk": Kinds(
+                pending_by_kind={"send_email": 4, "report": 6},
+                oldest_pending_age_by_kind={"send_email": 500.0, "report": 700.0},
+                paused=True,  # waiting, but no demand (and its age says nothing)
+            ),
+        }
+    )
+    loads = pool_loads(parse_spec(BY_QUEUE), stats)
+    assert loads == {
+        "urgent": PoolLoad(pending=3, claimed=1, oldest_pending_age=4.0, finished=10),
+        "urgent-mail": PoolLoad(pending=2, claimed=0, oldest_pending_age=9.0, finished=0),
+        "mailers": PoolLoad(pending=9, claimed=2, oldest_pending_age=30.0, finished=1, paused=4),
+        "rest": PoolLoad(pending=7, claimed=0, oldest_pending_age=60.0, finished=0, paused=6),
+    }
+    only_high = parse_spec(with_(BY_QUEUE, "pools", BY_QUEUE["pools"][:2]))
+    assert unserved_kinds(only_high, stats) == {"send_email", "report"}
+    assert unserved_kinds(parse_spec(with_(BY_QUEUE, "pools", BY_QUEUE["pools"][:3])), stats) == {
+        "report"
+    }
 
 
 def test_empty_stats_give_empty_loads() -> None:
@@ -585,6 +703,7 @@ def test_fields_without_a_crd_default_are_none_in_spec_py() -> None:
                 optional_without_default.add(f"{path}.{name}")
     assert optional_without_default == {
         "spec.pools[0].kinds",
+        "spec.pools[0].queues",
         "spec.pools[0].maxOldestPendingAge",
         "spec.pools[0].fallbackReplicas",
         "spec.pools[0].behavior",
@@ -593,6 +712,7 @@ def test_fields_without_a_crd_default_are_none_in_spec_py() -> None:
     }
     pool = parse_spec(MINIMAL).pools[0]
     assert (pool.kinds, pool.max_oldest_pending_age, pool.fallback_replicas) == (None, None, None)
+    assert pool.queues is None
     assert (pool.behavior.scale_up, pool.behavior.scale_down) == (None, None)
     one_way = with_(MINIMAL, "pools[0].behavior", {"scaleUp": {}})
     behavior = parse_spec(one_way).pools[0].behavior
@@ -632,6 +752,8 @@ def _items(path: str, count: int) -> list[Json]:
         ]
     if path.endswith(".kinds"):
         return [f"kind_{i}" for i in range(count)]
+    if path.endswith(".queues"):
+        return [f"queue_{i}" for i in range(count)]
     if path.endswith(".policies"):
         return [{"type": "Pods", "value": i + 1, "periodSeconds": 15} for i in range(count)]
     raise AssertionError(f"no items known for {path}: teach _items about it")
@@ -711,10 +833,12 @@ CEL_EXAMPLES = {
     "fallbackReplicas must be less than or equal to maxReplicas": with_(
         MINIMAL, "pools[0].fallbackReplicas", 11
     ),
-    "at most one pool may omit kinds (the catch-all pool)": with_(
-        FULL, "pools[0]", without(FULL, "pools[0].kinds")["pools"][0]
+    "at most one pool may omit both kinds and queues (the catch-all pool)": no_catch_all_filter(
+        FULL, 0
     ),
-    "a job kind may be served by at most one pool": with_(FULL, "pools[1].kinds", ["send_email"]),
+    "a job kind may be served by at most one pool (in each queue, when pools name queues)": (
+        second_pool_like_the_first(["send_email"])
+    ),
 }
 
 
@@ -772,16 +896,26 @@ def test_what_spec_py_refuses_the_api_server_refuses(doc: Json, path: str) -> No
 def _cel_would_refuse(doc: Json) -> bool:
     """The CRD's four CEL rules, transcribed; see CEL_EXAMPLES for their link to the CRD."""
     pools = doc["pools"]
-    catch_alls = [p for p in pools if "kinds" not in p]
-    kinds = [k for p in pools for k in p.get("kinds", [])]
+    catch_alls = [p for p in pools if "kinds" not in p and "queues" not in p]
     names = [p["deployment"] for p in pools]
+
+    def overlap(p: Json, q: Json) -> bool:
+        return all(
+            (key in p) == (key in q) and (key not in p or bool(set(p[key]) & set(q[key])))
+            for key in ("kinds", "queues")
+        )
+
     return (
         any(p.get("minReplicas", 0) > p["maxReplicas"] for p in pools)
         or any(p.get("fallbackReplicas", 0) > p["maxReplicas"] for p in pools)
         or len(catch_alls) > 1
-        or len(set(kinds)) < len(kinds)
+        or any(overlap(p, q) for i, p in enumerate(pools) for q in pools[:i])
         or len(set(names)) < len(names)  # the x-kubernetes-list-map-keys rule
-        or any(len(set(p.get("kinds", []))) < len(p.get("kinds", [])) for p in pools)  # set
+        or any(
+            len(set(p.get(key, []))) < len(p.get(key, []))
+            for p in pools
+            for key in ("kinds", "queues")
+        )  # sets
     )
 
 

@@ -5,17 +5,22 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from venturi import (
     CleanupCriteria,
     Context,
     Outcome,
+    PostgresStore,
     Queue,
+    Stats,
     Task,
     TaskError,
     Worker,
     WorkerIdentity,
 )
+from venturi._db import sql
+from venturi._stats import stats_from_rows
 
 from .helpers import running, until
 
@@ -131,3 +136,169 @@ async def test_claimed_by_pod_counts_what_each_pod_holds(queue: Queue) -> None:
         await until(one_claimed)
         assert await queue.claimed_by_pod() == {}
         release.set()
+
+
+# -- by queue ----------------------------------------------------------------------------
+
+
+async def direct_counts_by_queue(queue: Queue) -> dict[tuple[str, str, str], int]:
+    rows = await queue.store._pool.fetch(
+        f"SELECT queue, kind, status, count(*) FROM {queue.store.prefix}_jobs GROUP BY 1, 2, 3"
+    )
+    return {(r[0], r[1], r[2]): r[3] for r in rows}
+
+
+async def kept_counts_by_queue(queue: Queue) -> dict[tuple[str, str, str], int]:
+    """The trigger-kept counters, shards summed (what stats() reads)."""
+    rows = await queue.store._pool.fetch(
+        f"SELECT queue, kind, status, sum(n)::bigint FROM {queue.store.prefix}_counts "
+        "GROUP BY 1, 2, 3 HAVING sum(n) <> 0"
+    )
+    return {(r[0], r[1], r[2]): r[3] for r in rows}
+
+
+async def test_stats_by_queue_follow_every_job_and_total_over_queues(store: PostgresStore) -> None:
+    high, default = Queue(store, queue="high"), Queue(store)
+
+    async def handle(task: Mixed, ctx: Context[None], app: None) -> Outcome:
+        if task.action == "dead":
+            raise TaskError.permanent("no")
+        return Outcome.completed()
+
+    await high.enqueue_many(Mixed(a) for a in ["ok", "ok", "dead"])
+    await high.enqueue(Other())
+    await high.enqueue_in(Mixed("ok"), timedelta(hours=1))
+    await default.enqueue_many(Mixed("ok") for _ in range(4))
+    stats = await default.stats()
+    assert stats.queues.keys() == {"high", "default"}
+    assert stats.queues["high"].pending_by_kind == {"mixed": 3, "other": 1}
+    assert stats.queues["high"].scheduled_by_kind == {"mixed": 1}
+    assert stats.queues["default"].pending_by_kind == {"mixed": 4}
+    assert stats.queues["default"].scheduled_by_kind == {}
+    assert stats.queues["high"].oldest_pending_age_by_kind.keys() == {"mixed", "other"}
+    assert stats.queues["default"].oldest_pending_age_by_kind.keys() == {"mixed"}
+    # The by-kind fields stay the totals over queues.
+    assert stats.pending_by_kind == {"mixed": 7, "other": 1}
+    assert stats.scheduled_by_kind == {"mixed": 1}
+    assert stats.oldest_pending_age_by_kind["mixed"] == max(
+        stats.queues[q].oldest_pending_age_by_kind["mixed"] for q in ("high", "default")
+    )
+    assert (stats.queues["high"].pending, stats.queues["high"].scheduled) == (4, 1)
+    assert not stats.queues["high"].paused
+
+    # A worker of the "high" queue only: the default queue's jobs stay where they are.
+    worker = Worker(None, store, concurrency=2, queues=["high"])
+    worker.register(Mixed, handle)
+    async with running(worker):
+
+        async def drained() -> bool:
+            s = await default.stats()
+            return s.queues["high"].pending_by_kind.get("mixed", 0) == 0 and s.claimed == 0
+
+        await until(drained)
+
+    stats = await default.stats()
+    assert await kept_counts_by_queue(default) == await direct_counts_by_queue(default)
+    high_stats = stats.queues["high"]
+    assert high_stats.pending_by_kind == {"other": 1}
+    assert high_stats.completed_by_kind == {"mixed": 2}
+    assert high_stats.dead_by_kind == {"mixed": 1}
+    assert high_stats.scheduled_by_kind == {"mixed": 1}
+    assert stats.queues["default"].pending_by_kind == {"mixed": 4}
+    assert stats.queues["default"].completed_by_kind == {}
+    assert stats.completed_by_kind == {"mixed": 2}
+    assert stats.pending_by_kind == {"mixed": 4, "other": 1}
+
+
+async def test_migrating_counts_the_jobs_already_there_by_queue(pg_dsn: str, prefix: str) -> None:
+    async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
+        queries = sql.queries(prefix)
+        before = [m for m in sql.migrations(prefix) if m.name != "counts_by_queue"]
+        async with store._pool.acquire() as conn, conn.transaction():
+            # The schema as the previous release left it, with jobs in three queues ...
+            await conn.execute(queries["migration_table_create"].text)
+            record = queries["migration_record"]
+            for migration in before:
+                await conn.execute(migration.sql)
+                values = {"version": migration.version, "name": migration.name}
+                await conn.execute(record.text, *record.args(values))
+            await conn.execute(
+                f"INSERT INTO {prefix}_jobs (id, kind, queue, status, payload) "
+                "SELECT gen_random_uuid(), k, q, s, '{}' FROM unnest($1::text[], $2::text[], "
+                "$3::text[]) AS r(k, q, s), generate_series(1, 3)",
+                ["a", "a", "b", "a", "b"],
+                ["high", "default", "default", "low", "low"],
+                ["pending", "pending", "dead", "claimed", "completed"],
+            )
+        applied = await store.migrate()
+        assert [m.name for m in sql.migrations(prefix) if m.version in applied] == [
+            "counts_by_queue"
+        ]
+        queue = Queue(store)
+        assert await kept_counts_by_queue(queue) == {
+            ("high", "a", "pending"): 3,
+            ("default", "a", "pending"): 3,
+            ("default", "b", "dead"): 3,
+            ("low", "a", "claimed"): 3,
+            ("low", "b", "completed"): 3,
+        }
+        stats = await queue.stats()
+        assert stats.queues["high"].pending_by_kind == {"a": 3}
+        assert stats.queues["default"].dead_by_kind == {"b": 3}
+        assert stats.queues["low"].claimed_by_kind == {"a": 3}
+        assert stats.pending_by_kind == {"a": 6}
+        # ... and the triggers keep them from then on.
+        await Queue(store, queue="low").enqueue(Other())
+        assert await kept_counts_by_queue(queue) == await direct_counts_by_queue(queue)
+
+
+def test_stats_rows_fold_into_queues_and_totals() -> None:
+    def row(
+        queue: str,
+        status: str,
+        kind: str,
+        n: int,
+        scheduled: int = 0,
+        oldest_s: float | None = None,
+    ) -> dict[str, Any]:
+        return {
+            "queue": queue,
+            "status": status,
+            "kind": kind,
+            "n": n,
+            "scheduled": scheduled,
+            "oldest_s": oldest_s,
+        }
+
+    stats = stats_from_rows(
+        [
+            row("q1", "pending", "a", 5, scheduled=2, oldest_s=3.0),
+            row("q2", "pending", "a", 1, oldest_s=-0.001),  # clock skew: never negative
+            row("q2", "pending", "b", 2, scheduled=2),  # all scheduled: none eligible
+            row("q1", "claimed", "a", 4),
+            row("q2", "claimed", "a", 1),
+            row("q2", "dead", "b", 7),
+            row("q1", "completed", "a", 9),
+            row("q1", "done_last_hour", "a", 11),
+            row("q2", "done_last_hour", "a", 1),
+            row("q3", "failed_last_hour", "c", 2),  # a queue with nothing left but its counts
+        ]
+    )
+    assert list(stats.queues) == ["q1", "q2", "q3"]
+    assert stats.queues["q1"].done_last_hour_by_kind == {"a": 11}
+    assert stats.queues["q3"].failed_last_hour_by_kind == {"c": 2}
+    assert stats.queues["q3"].pending_by_kind == {}
+    assert (stats.done_last_hour_by_kind, stats.failed_last_hour) == ({"a": 12}, 2)
+    q1, q2 = stats.queues["q1"], stats.queues["q2"]
+    assert (q1.pending_by_kind, q1.scheduled_by_kind) == ({"a": 3}, {"a": 2})
+    assert q1.oldest_pending_age_by_kind == {"a": 3.0}
+    assert (q2.pending_by_kind, q2.scheduled_by_kind) == ({"a": 1}, {"b": 2})
+    assert q2.oldest_pending_age_by_kind == {"a": 0.0}
+    assert stats.pending_by_kind == {"a": 4}
+    assert stats.scheduled_by_kind == {"a": 2, "b": 2}
+    assert stats.claimed_by_kind == {"a": 5}
+    assert stats.dead_by_kind == {"b": 7}
+    assert stats.completed_by_kind == {"a": 9}
+    assert stats.oldest_pending_age_by_kind == {"a": 3.0}
+    assert (stats.pending, stats.claimed, stats.oldest_pending_age) == (4, 5, 3.0)
+    assert stats_from_rows([]) == Stats()

@@ -42,25 +42,49 @@ SELECT count(*) AS deleted FROM deleted;
 
 -- stats --
 -- The live state counters cannot reconstruct, in one statement that stays cheap at any
--- backlog: totals by kind and status from the trigger-kept counts; per kind with pending
--- jobs, one index probe for the oldest eligible job and a range count of the scheduled ones
--- (jobs waiting for a future run_at, usually few).
+-- backlog: totals by queue, kind and status from the trigger-kept counts; per queue and kind
+-- with pending jobs, one index probe for the oldest eligible job and a range count of the
+-- scheduled ones (jobs waiting for a future run_at, usually few); and, as rows of the
+-- statuses 'done_last_hour' and 'failed_last_hour', the per-minute counts of the minutes that
+-- began in the last hour (a range of the minute counts' primary key).
+-- Paused queues are read by queue_list_paused, beside this statement (QueueStats.paused).
 WITH totals AS (
-    SELECT kind, status, sum(n)::bigint AS n FROM {prefix}_counts
+    SELECT queue, kind, status, sum(n)::bigint AS n FROM {prefix}_counts
     WHERE status IN ('pending', 'claimed', 'dead', 'completed')
-    GROUP BY kind, status HAVING sum(n) > 0
+    GROUP BY queue, kind, status HAVING sum(n) > 0
+), finished AS (
+    SELECT queue, kind, sum(done)::bigint AS done, sum(failed)::bigint AS failed
+    FROM {prefix}_minute_counts
+    WHERE minute > now() - interval '1 hour'
+    GROUP BY queue, kind
 )
-SELECT t.status, t.kind, t.n,
+SELECT t.queue, t.status, t.kind, t.n,
        CASE WHEN t.status = 'pending' THEN (
            SELECT count(*) FROM {prefix}_jobs AS j
-           WHERE j.status = 'pending' AND j.kind = t.kind AND j.run_at > now()
+           WHERE j.status = 'pending' AND j.queue = t.queue AND j.kind = t.kind
+             AND j.run_at > now()
        ) ELSE 0 END AS scheduled,
        CASE WHEN t.status = 'pending' THEN (
            SELECT extract(epoch FROM now() - j.run_at)::float8 FROM {prefix}_jobs AS j
-           WHERE j.status = 'pending' AND j.kind = t.kind AND j.run_at <= now()
+           WHERE j.status = 'pending' AND j.queue = t.queue AND j.kind = t.kind
+             AND j.run_at <= now()
            ORDER BY j.run_at LIMIT 1
        ) END AS oldest_s
-FROM totals AS t;
+FROM totals AS t
+UNION ALL
+SELECT queue, 'done_last_hour', kind, done, 0, NULL FROM finished WHERE done > 0
+UNION ALL
+SELECT queue, 'failed_last_hour', kind, failed, 0, NULL FROM finished WHERE failed > 0;
+
+-- minute_counts_list --
+-- Jobs done and failed for good per minute, per queue and kind, for the minutes that began
+-- in the last two hours (all that is kept), oldest first; :queue NULL = every queue. Minutes
+-- in which no job of a queue and kind finished have no row.
+SELECT minute, queue, kind, sum(done)::bigint AS done, sum(failed)::bigint AS failed
+FROM {prefix}_minute_counts
+WHERE minute > now() - interval '2 hours' AND (:queue::text IS NULL OR queue = :queue)
+GROUP BY minute, queue, kind
+ORDER BY minute, queue, kind;
 
 -- claimed_by_pod --
 -- Claimed jobs per pod (claimed_pod; jobs of workers outside Kubernetes have none), for the

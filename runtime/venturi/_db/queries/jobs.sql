@@ -79,6 +79,10 @@ FROM {prefix}_claim_v3(:queues, :kinds, :skip_kinds, :n, :reserved_low, :reserve
 -- instead of joining. tests/runtime/test_plans.py keeps these statements linear.
 -- A dead outcome records its failure step (:hook_tokens, leased to this worker for
 -- :hook_lease_s) in the same row write: see failure_hooks.sql.
+-- The jobs done and failed for good are counted per minute in the same statement (in this
+-- backend's slot: no row every worker writes), and with :prune (about once a minute per
+-- store) one bounded batch of minutes older than two hours is deleted, skipping rows another
+-- settle holds.
 WITH s AS (
     SELECT * FROM unnest(:ids::uuid[], :tokens::uuid[], :outcomes::text[], :delay_s::float8[],
                          :carries::text[], :set_carry::bool[], :notes::text[],
@@ -108,13 +112,30 @@ WITH s AS (
                                 ELSE j.hook_lease_until END
     FROM s
     WHERE j.id = s.id AND j.claim_token = s.token
-    RETURNING j.id, j.kind, j.run_count, j.status,
+    RETURNING j.id, j.kind, j.queue, j.run_count, j.status,
               s.outcome, s.note, s.attachment, s.duration_s
 ), journal AS (
     INSERT INTO {prefix}_journal (job_id, run, outcome, note, attachment, duration_s, worker)
     SELECT id, run_count, outcome, note, attachment::jsonb, duration_s, :worker
     FROM settled
     WHERE outcome <> 'returned'
+), counted AS (
+    INSERT INTO {prefix}_minute_counts AS m (minute, queue, kind, slot, done, failed)
+    SELECT date_trunc('minute', now()), queue, kind, pg_backend_pid() % 16,
+           count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'dead')
+    FROM settled
+    WHERE status IN ('completed', 'dead')
+    GROUP BY queue, kind ORDER BY queue, kind
+    ON CONFLICT (minute, queue, kind, slot)
+    DO UPDATE SET done = m.done + excluded.done, failed = m.failed + excluded.failed
+), pruned AS (
+    DELETE FROM {prefix}_minute_counts
+    WHERE ctid = ANY (ARRAY(
+        SELECT ctid FROM {prefix}_minute_counts
+        WHERE :prune::bool AND minute < date_trunc('minute', now()) - interval '2 hours'
+        LIMIT 5000
+        FOR UPDATE SKIP LOCKED
+    ))
 ), woken AS (
     SELECT pg_notify(:channel, kind) FROM (SELECT DISTINCT kind FROM settled
                                            WHERE status = 'pending') AS kinds

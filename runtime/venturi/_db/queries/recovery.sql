@@ -41,6 +41,14 @@ WITH r AS (
 ), journal AS (
     INSERT INTO {prefix}_journal (job_id, run, outcome, note, worker)
     SELECT id, run_count, 'stale_recovered', note, :worker FROM recovered
+), counted AS (
+    -- Jobs the backstop killed count as failed this minute (see job_settle_many).
+    INSERT INTO {prefix}_minute_counts AS m (minute, queue, kind, slot, done, failed)
+    SELECT date_trunc('minute', now()), queue, kind, pg_backend_pid() % 16, 0, count(*)
+    FROM recovered
+    WHERE status = 'dead'
+    GROUP BY queue, kind ORDER BY queue, kind
+    ON CONFLICT (minute, queue, kind, slot) DO UPDATE SET failed = m.failed + excluded.failed
 ), woken AS (
     SELECT pg_notify(:channel, kind) FROM (SELECT DISTINCT kind FROM recovered
                                            WHERE status = 'pending') AS kinds
