@@ -20,7 +20,7 @@ from typing import Any
 
 from ulid import ULID
 
-from venturi import logs
+from venturi import _current, logs
 from venturi._completer import Completer
 from venturi._executor import Policy, Registration, execute
 from venturi._hooks import HookSet
@@ -166,6 +166,7 @@ class Runner:
         job = held.job
         loop = asyncio.get_running_loop()
         began = loop.time()
+        _current.run.set(_current.Run(self._completer.store, job))  # this run's task only
         try:
             settlement = await execute(job, held.reg, self._app, self._policy, held.cancellation)
             self.handler_ewma = _ewma(self.handler_ewma, loop.time() - began)

@@ -733,6 +733,27 @@ class PostgresStore:
                     conn.terminate()
                 await release(pool, conn)
 
+    # -- flow control (venturi.flow) -------------------------------------------------
+
+    async def lock_take(self, key: str, job_id: uuid.UUID, token: uuid.UUID) -> uuid.UUID | None:
+        """Take `key` for the run (`job_id`, `token`): None when taken (or already this
+        run's), else the id of the job whose live run holds it."""
+        holder: uuid.UUID | None = await self._run.fetchval(
+            self._q["lock_take"], key=key, job_id=job_id, token=token
+        )
+        return holder
+
+    async def lock_release(self, key: str, job_id: uuid.UUID, token: uuid.UUID) -> None:
+        """Release `key` if the run (`job_id`, `token`) still holds it."""
+        await self._run.execute(self._q["lock_release"], key=key, job_id=job_id, token=token)
+
+    async def rate_take(self, key: str, max_starts: int, per_s: float) -> tuple[bool, float]:
+        """Take one start of `key`'s current window of `per_s` seconds, if fewer than
+        `max_starts` were taken: (taken, seconds until the next window opens)."""
+        row = await self._run.fetchrow(self._q["rate_take"], key=key, max=max_starts, per_s=per_s)
+        assert row is not None  # the statement always returns its one row
+        return row["taken"] is not None, row["reopens_in_s"]
+
     # -- operations ------------------------------------------------------------------
 
     @_schema_required
