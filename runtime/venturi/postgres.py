@@ -752,7 +752,7 @@ class PostgresStore:
         `max_starts` were taken: (taken, seconds until the next window opens)."""
         row = await self._run.fetchrow(self._q["rate_take"], key=key, max=max_starts, per_s=per_s)
         assert row is not None  # the statement always returns its one row
-        return row["taken"] is not None, row["reopens_in_s"]
+        return row["taken"], row["reopens_in_s"]
 
     # -- operations ------------------------------------------------------------------
 

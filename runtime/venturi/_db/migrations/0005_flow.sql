@@ -47,11 +47,55 @@ BEGIN
 END
 $$;
 
--- One row per key and fixed window (aligned on the Unix epoch): the starts taken in it.
--- Each take deletes its key's earlier windows, so a key keeps one or two rows.
+-- One row per rate-limit key: its current fixed window (aligned on the Unix epoch) and the
+-- starts taken in it.
 CREATE TABLE {prefix}_rate_windows (
-    key          text        NOT NULL,
+    key          text        PRIMARY KEY,
     window_start timestamptz NOT NULL,
-    taken        integer     NOT NULL,
-    PRIMARY KEY (key, window_start)
+    taken        integer     NOT NULL
 );
+
+-- Take one start of `rate_key`'s current window of `per_s` seconds if fewer than `max_starts`
+-- were taken in it. Returns whether it was taken, and the seconds until the window ends. The
+-- window is read from the clock after the key's row is locked, so takes are counted in the
+-- order they happen and a take that waited on the lock across a window's end counts in the
+-- new window, where its run starts.
+CREATE FUNCTION {prefix}_rate_take_v1(rate_key text, max_starts integer, per_s double precision)
+RETURNS TABLE (taken boolean, reopens_in_s double precision)
+LANGUAGE plpgsql AS $$
+DECLARE
+    now_at timestamptz;
+    current_start timestamptz;
+    row_start timestamptz;
+    row_taken integer;
+BEGIN
+    LOOP
+        SELECT r.window_start, r.taken INTO row_start, row_taken
+        FROM {prefix}_rate_windows AS r WHERE r.key = rate_key FOR UPDATE;
+        now_at := clock_timestamp();
+        current_start := to_timestamp(floor(extract(epoch FROM now_at) / per_s) * per_s);
+        IF FOUND THEN
+            EXIT;
+        END IF;
+        INSERT INTO {prefix}_rate_windows AS r (key, window_start, taken)
+        VALUES (rate_key, current_start, 1)
+        ON CONFLICT (key) DO NOTHING;
+        IF FOUND THEN
+            RETURN QUERY SELECT true, extract(epoch FROM current_start - now_at)::float8 + per_s;
+            RETURN;
+        END IF;
+        -- Another take inserted the row first: lock it, as above.
+    END LOOP;
+    IF row_start < current_start THEN
+        UPDATE {prefix}_rate_windows AS r SET window_start = current_start, taken = 1
+        WHERE r.key = rate_key;
+    ELSIF row_taken < max_starts THEN
+        UPDATE {prefix}_rate_windows AS r SET taken = r.taken + 1 WHERE r.key = rate_key;
+        current_start := row_start;
+    ELSE
+        RETURN QUERY SELECT false, greatest(extract(epoch FROM row_start - now_at)::float8 + per_s, 0);
+        RETURN;
+    END IF;
+    RETURN QUERY SELECT true, greatest(extract(epoch FROM current_start - now_at)::float8 + per_s, 0);
+END
+$$;

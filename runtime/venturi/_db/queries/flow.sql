@@ -12,24 +12,6 @@ DELETE FROM {prefix}_locks
 WHERE key = :key AND job_id = :job_id AND claim_token = :token;
 
 -- rate_take --
--- Take one start of :key's current window of :per_s seconds (windows aligned on the Unix
--- epoch, in database time) if fewer than :max were taken. `taken` is the start's number in
--- the window, NULL when the window is full; `reopens_in_s` is how long until the next window.
--- One atomic statement: the conflicting row is locked and its count re-read before the WHERE.
-WITH w AS (
-    SELECT to_timestamp(floor(extract(epoch FROM now()) / :per_s::float8) * :per_s::float8)
-           AS start
-), taken AS (
-    INSERT INTO {prefix}_rate_windows AS r (key, window_start, taken)
-    SELECT :key, w.start, 1 FROM w
-    ON CONFLICT (key, window_start) DO UPDATE SET taken = r.taken + 1
-    WHERE r.taken < :max
-    RETURNING r.taken
-), pruned AS (
-    DELETE FROM {prefix}_rate_windows AS r
-    WHERE r.key = :key AND r.window_start < (SELECT start FROM w)
-)
-SELECT (SELECT taken FROM taken) AS taken,
-       greatest(extract(epoch FROM w.start + make_interval(secs => :per_s::float8) - now()),
-                0)::float8 AS reopens_in_s
-FROM w;
+-- Take one start of :key's current window of :per_s seconds if fewer than :max were taken:
+-- `taken`, and `reopens_in_s` until the window ends. See the function in the flow migration.
+SELECT taken, reopens_in_s FROM {prefix}_rate_take_v1(:key, :max, :per_s);
