@@ -28,7 +28,7 @@ from venturi import logs
 from venturi._records import ClaimedJob, Settlement
 from venturi.backoff import Backoff, retry_delay
 from venturi.codec import DEFAULT_CODEC, Codec
-from venturi.context import Cancellation, Context
+from venturi.context import Cancellation, Context, ProgressCell
 from venturi.errors import PayloadError
 from venturi.outcome import Outcome, PanicPolicy, TaskError, failure_note
 
@@ -65,8 +65,10 @@ async def execute(
     app: Any,
     policy: Policy,
     cancellation: Cancellation,
+    progress: ProgressCell | None = None,
 ) -> Settlement:
-    """Run `job` and return its settlement. A forced abort by venturi becomes a release."""
+    """Run `job` and return its settlement. A forced abort by venturi becomes a release.
+    `progress` is where the run's `ctx.progress` goes (the runner's, for lease renewals)."""
     log_extra = logs.job_fields(job.id, job.kind, job.queue, job.run_count)
     try:
         task = policy.codec.decode(reg.task_type, job.payload)
@@ -84,6 +86,7 @@ async def execute(
         history=job.history,
         carry=carry,
         cancellation=cancellation,
+        progress=progress,
     )
     started = time.monotonic()
     try:
@@ -132,6 +135,8 @@ async def execute(
             note=result.note,
             attachment=attachment,
             duration_s=duration,
+            result=result.result_json,
+            progress=ctx.progress_json,
             unrecordable=unrecordable,
         )
     carry_json, carry_error = _encode_carry(policy.codec, ctx)
@@ -146,6 +151,7 @@ async def execute(
         note=result.note,
         attachment=attachment,
         duration_s=duration,
+        progress=ctx.progress_json,
         unrecordable=unrecordable,
     )
 
@@ -190,6 +196,7 @@ def _failure(
         set_carry=carry_json is not None,
         attachment=attachment,
         duration_s=duration,
+        progress=ctx.progress_json,
         unrecordable=functools.partial(_unrecordable, job, policy, duration),
     )
 

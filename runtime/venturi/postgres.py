@@ -260,6 +260,11 @@ class PostgresStore:
         """The NOTIFY channel: every write that makes a job claimable signals it."""
         return f"{self._prefix}_jobs"
 
+    @property
+    def results_channel(self) -> str:
+        """The NOTIFY channel of awaited jobs that finished (payload: the job's uuid)."""
+        return f"{self._prefix}_results"
+
     async def close(self) -> None:
         """Close the pool if this store opened it. Safe to call twice."""
         if not self._closed:
@@ -550,17 +555,29 @@ class PostgresStore:
             notes=[s.note for s in settlements],
             attachments=[s.attachment for s in settlements],
             durations_s=[s.duration_s for s in settlements],
+            results=_column([s.result for s in settlements]),
+            progress=_column([s.progress for s in settlements]),
             worker=worker,
             channel=self.channel,
+            results_channel=self.results_channel,
         )
         return {r["id"] for r in rows}
 
     async def renew_leases(
-        self, ids: Sequence[uuid.UUID], tokens: Sequence[uuid.UUID], lease_s: Sequence[float]
+        self,
+        ids: Sequence[uuid.UUID],
+        tokens: Sequence[uuid.UUID],
+        lease_s: Sequence[float],
+        progress: Sequence[str | None] | None = None,
     ) -> set[uuid.UUID]:
-        """Extend leases; returns the ids still owned (the rest were recovered elsewhere)."""
+        """Extend leases, and store each run's new progress (JSON, None: unchanged); returns
+        the ids still owned (the rest were recovered elsewhere)."""
         rows = await self._run.fetch(
-            self._q["job_renew_leases"], ids=list(ids), tokens=list(tokens), lease_s=list(lease_s)
+            self._q["job_renew_leases"],
+            ids=list(ids),
+            tokens=list(tokens),
+            lease_s=list(lease_s),
+            progress=None if progress is None else _column(list(progress)),
         )
         return {r["id"] for r in rows}
 
@@ -617,6 +634,7 @@ class PostgresStore:
                 notes=[d.note for d in decisions],
                 worker=worker,
                 channel=self.channel,
+                results_channel=self.results_channel,
             )
         return [
             Recovered(
@@ -763,6 +781,30 @@ class PostgresStore:
         return None if row is None else _job(row, codec)
 
     @_schema_required
+    async def wait_finished(
+        self, job_id: ULID | uuid.UUID, codec: Codec = DEFAULT_CODEC
+    ) -> Job | None:
+        """`job_id` once it has finished (completed or dead), or None if there is no such job.
+        Waits on the results channel, never polls (bound it with `asyncio.timeout`); holds
+        one pool connection, listening, while it waits."""
+        key = _as_uuid(job_id)
+        done = asyncio.Event()
+
+        def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+            if payload == str(key):
+                done.set()
+
+        async with self._pool_or_raise().acquire() as conn:
+            await conn.add_listener(self.results_channel, notified)
+            try:
+                stmt = self._q["job_await"]
+                if await conn.fetchval(stmt.text, *stmt.args({"id": key})) is not None:
+                    await done.wait()
+            finally:
+                await conn.remove_listener(self.results_channel, notified)
+        return await self.get_job(key, codec)
+
+    @_schema_required
     async def list_jobs(self, f: JobFilter, codec: Codec = DEFAULT_CODEC) -> list[Job]:
         """Jobs matching `f`, newest first, their payloads decoded by `codec`."""
         rows = await self._run.fetch(
@@ -868,7 +910,13 @@ def _job(row: asyncpg.Record, codec: Codec) -> Job:
         claimed_by=row["claimed_by"],
         claimed_pod=row["claimed_pod"],
         last_error=row["last_error"],
+        result=_decoded(row["result"], codec),
+        progress=_decoded(row["progress"], codec),
     )
+
+
+def _decoded(text: str | None, codec: Codec) -> Any:
+    return None if text is None else codec.decode_any(text)
 
 
 def _journal(rows: Sequence[asyncpg.Record]) -> tuple[JournalEntry, ...]:

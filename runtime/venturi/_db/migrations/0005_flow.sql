@@ -99,3 +99,12 @@ BEGIN
     RETURN QUERY SELECT true, greatest(extract(epoch FROM current_start - now_at)::float8 + per_s, 0);
 END
 $$;
+
+-- Stored results and progress: the value a completed run returned, the latest progress a
+-- run reported (written with lease renewals and settles), and whether a caller waits for the
+-- job's end (`Queue.result`): settles and recoveries notify the results channel for those
+-- jobs only, so finishing a job nobody waits for sends nothing.
+ALTER TABLE {prefix}_jobs
+    ADD COLUMN result   jsonb,
+    ADD COLUMN progress jsonb,
+    ADD COLUMN awaited  boolean;

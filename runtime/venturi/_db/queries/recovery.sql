@@ -29,16 +29,19 @@ WITH r AS (
         lease_until = NULL
     FROM r
     WHERE j.id = r.id AND j.claim_token = r.token  -- still the claim that expired (see settle)
-    RETURNING j.id, j.kind, j.queue, j.run_count, j.status, r.note
+    RETURNING j.id, j.kind, j.queue, j.run_count, j.status, j.awaited, r.note
 ), journal AS (
     INSERT INTO {prefix}_journal (job_id, run, outcome, note, worker)
     SELECT id, run_count, 'stale_recovered', note, :worker FROM recovered
 ), woken AS (
     SELECT pg_notify(:channel, kind) FROM (SELECT DISTINCT kind FROM recovered
                                            WHERE status = 'pending') AS kinds
+), finished AS (  -- a dead job a `Queue.result` waits for (see job_await)
+    SELECT pg_notify(:results_channel, id::text) FROM recovered
+    WHERE awaited AND status = 'dead'
 )
 SELECT recovered.id, recovered.kind, recovered.queue, recovered.run_count, recovered.status,
-       recovered.note, (SELECT count(*) FROM woken) AS woken
+       recovered.note, (SELECT count(*) FROM woken) + (SELECT count(*) FROM finished) AS woken
 FROM recovered;
 
 -- lease_next_expiry --
