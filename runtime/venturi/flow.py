@@ -19,7 +19,8 @@ no backoff, and its journal entry says why ("overlaps job ... on key ...").
 
 Both are enforced through the database, so they hold across every worker sharing the store:
 a key is a row of `{prefix}_locks` naming the run that holds it by its claim token, and a
-rate window is a counter row of `{prefix}_rate_windows` taken by one atomic statement. Put
+key's rate window is its counter row in `{prefix}_rate_windows`, taken atomically in one round
+trip (both through small functions of the flow migration). Put
 `without_overlapping` first (outermost) when combining them: a job that waits for its key
 then takes no start of the rate window.
 
