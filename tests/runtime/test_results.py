@@ -172,3 +172,25 @@ def test_progress_values_are_checked_where_they_are_made() -> None:
         ctx.progress(float("nan"))
     ctx.progress(0.5)
     assert ctx.progress_json == "0.5"
+
+
+async def test_a_job_that_dies_in_lease_recovery_wakes_its_waiter(
+    store: PostgresStore, queue: Queue
+) -> None:
+    job_id = await queue.enqueue(Compute(5))
+    # Claimed by a "worker" that then vanishes: nothing renews the lease.
+    (_claimed,) = await store.claim(
+        queues=["default"],
+        kinds=[Compute.KIND],
+        limit=1,
+        worker="gone",
+        pod=None,
+        default_lease_s=0.5,
+    )
+    waiting = asyncio.create_task(queue.result(job_id, timeout=60))
+    await until(lambda: awaited(store, job_id))
+    async with running(worker_for(store)):  # backstop=1: its rescuer kills the stale job
+        with pytest.raises(JobFailed, match=f"job {job_id} \\(results.compute\\) failed"):
+            await waiting
+    journal = await store.journal(job_id)
+    assert [e.outcome for e in journal] == ["stale_recovered"]
