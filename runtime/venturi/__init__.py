@@ -6,6 +6,7 @@ Everything public is exported here; submodules prefixed with `_` are private.
 from venturi.backoff import Backoff
 from venturi.codec import Codec, JsonCodec
 from venturi.context import CancelReason, Context
+from venturi.encryption import KeyRing, SealedCodec
 from venturi.errors import (
     AttachmentTooLarge,
     DuplicateKindError,
@@ -55,6 +56,7 @@ __all__ = [
     "JournalEntry",
     "JournalOutcome",
     "JsonCodec",
+    "KeyRing",
     "Merge",
     "Middleware",
     "Outcome",
@@ -66,6 +68,7 @@ __all__ = [
     "Queue",
     "ResultTooLarge",
     "SchemaError",
+    "SealedCodec",
     "Stats",
     "StoreClosedError",
     "Task",

@@ -71,8 +71,8 @@ async def execute(
     `progress` is where the run's `ctx.progress` goes (the runner's, for lease renewals)."""
     log_extra = logs.job_fields(job.id, job.kind, job.queue, job.run_count)
     try:
-        task = policy.codec.decode(reg.task_type, job.payload)
-        carry = _decode_carry(policy.codec, reg.carry_type, job.carry)
+        task = policy.codec.decode(reg.task_type, job.payload, kind=job.kind, job_id=job.id)
+        carry = _decode_carry(policy.codec, reg.carry_type, job)
     except (msgspec.ValidationError, msgspec.DecodeError, TypeError, ValueError) as exc:
         note = f"undecodable payload for kind {job.kind!r}: {exc}"
         logger.error("job %s (%s) dead: %s", job.id, job.kind, note, extra=log_extra)
@@ -156,19 +156,19 @@ async def execute(
     )
 
 
-def _decode_carry(codec: Codec, carry_type: type[Any] | None, data: str | None) -> Any:
+def _decode_carry(codec: Codec, carry_type: type[Any] | None, job: ClaimedJob) -> Any:
     if carry_type is None:
         return None
-    if data is None:
+    if job.carry is None:
         return carry_type()
-    return codec.decode(carry_type, data)
+    return codec.decode(carry_type, job.carry, kind=job.kind, job_id=job.id)
 
 
 def _encode_carry(codec: Codec, ctx: Context[Any]) -> tuple[str | None, Exception | None]:
     if ctx.carry is None:
         return None, None
     try:
-        return codec.encode(ctx.carry, role="carry", kind=ctx.kind), None
+        return codec.encode(ctx.carry, role="carry", kind=ctx.kind, job_id=ctx.job_id), None
     except PayloadError as exc:
         return None, exc
 

@@ -7,6 +7,7 @@
     venturi journal JOB_ID                   one job's journal
     venturi cleanup --older-than 7d          delete finished jobs (and their journal)
     venturi demo                             the demo (an embedded database without --dsn)
+    venturi dashboard [--port 8080]          the web dashboard, on 127.0.0.1
 
 Every command takes the DSN from --dsn or VENTURI_DSN and the prefix from --prefix or
 VENTURI_PREFIX; `--json` prints machine-readable output. A missing or unreachable database,
@@ -33,6 +34,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -42,6 +44,7 @@ from venturi import logs
 from venturi._dsn import secret_pieces
 from venturi._settings import check_queue_name
 from venturi.embedded import EmbeddedPostgresError
+from venturi.encryption import KEYS_ENV, KeyRing, SealedCodec, new_key
 from venturi.errors import SchemaError
 from venturi.jobs import CleanupCriteria, Job, JobFilter, JobStatus, JournalEntry, Stats
 from venturi.postgres import DEFAULT_PREFIX, PostgresStore
@@ -164,10 +167,50 @@ def _parser() -> argparse.ArgumentParser:
     cleanup.add_argument("--kind")
     cleanup.add_argument("--status", choices=["completed", "dead"])
 
+    rekey = sub.add_parser(
+        "rekey", parents=[common], help="seal stored encrypted values with the current key"
+    )
+    rekey.add_argument(
+        "--keys-env",
+        default=KEYS_ENV,
+        help="environment variable holding the key ring (default %(default)s)",
+    )
+    sub.add_parser("keygen", parents=[common], help="print a new random key for a key ring")
+    new_task = sub.add_parser(
+        "new-task", parents=[common], help="write a new task, its handler and a test"
+    )
+    new_task.add_argument("name", help="the task class, in CamelCase (SendInvoice)")
+    new_task.add_argument("--module", required=True, help="where it lives (myapp.orders)")
+    new_task.add_argument(
+        "--root", type=Path, default=Path("."), help="project directory (default: here)"
+    )
+
     demo = sub.add_parser("demo", parents=[common], help="run the demo (embedded DB without --dsn)")
     demo.add_argument("--jobs", type=positive_int, default=3000)
     demo.add_argument("--concurrency", type=positive_int, default=8)
+    demo.add_argument(
+        "--dashboard",
+        action="store_true",
+        help="then keep the worker running and serve the dashboard until Ctrl-C",
+    )
+    demo.add_argument("--port", type=port_number, default=8080, help="the dashboard's port")
+
+    dash = sub.add_parser("dashboard", parents=[common], help="serve the web dashboard")
+    dash.add_argument("--host", default="127.0.0.1", help="address to bind (%(default)s)")
+    dash.add_argument("--port", type=port_number, default=8080, help="port (%(default)s)")
+    dash.add_argument("--read-only", action="store_true", help="hide and refuse the actions")
     return parser
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0 (any free one) to 65535."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {value}")
+    return value
 
 
 def _ulid(text: str) -> ULID:
@@ -177,12 +220,36 @@ def _ulid(text: str) -> ULID:
         raise UsageError(f"not a job id (a 26-character ULID): {text!r}") from None
 
 
+def _new_task(args: argparse.Namespace) -> int:
+    from venturi import scaffold
+
+    written = scaffold.write(scaffold.render(args.name, args.module), args.root)
+    _out(
+        args,
+        {"written": [str(p) for p in written]},
+        "\n".join(f"wrote {p}" for p in written),
+    )
+    return 0
+
+
 async def _run(args: argparse.Namespace) -> int:
+    if args.command == "keygen":
+        key = new_key()
+        _out(args, {"key": key}, key)
+        return 0
+    if args.command == "new-task":
+        return _new_task(args)
     if args.command == "demo":
         from venturi.demo import run_demo
 
         prefix = args.prefix if args.prefix != DEFAULT_PREFIX else "venturi_demo"
-        await run_demo(args.dsn, jobs=args.jobs, concurrency=args.concurrency, prefix=prefix)
+        await run_demo(
+            args.dsn,
+            jobs=args.jobs,
+            concurrency=args.concurrency,
+            prefix=prefix,
+            dashboard_port=args.port if args.dashboard else None,
+        )
         return 0
     if args.dsn is None and not os.environ.get("PGHOST"):
         raise UsageError("no database given: pass --dsn or set VENTURI_DSN")
@@ -197,6 +264,11 @@ async def _run(args: argparse.Namespace) -> int:
             )
         elif args.command == "worker":
             await _worker(args, store)
+        elif args.command == "rekey":
+            ring = KeyRing.from_env(args.keys_env)
+            n = await Queue(store, codec=SealedCodec(ring)).rekey()
+            _out(args, {"rewritten": n, "current_key": ring.current},
+                 f"rekeyed {n} jobs to key {ring.current!r}")  # fmt: skip
         elif args.command == "stats":
             stats = await queue.stats()
             _out(args, _stats_json(stats), _stats_text(stats))
@@ -223,7 +295,35 @@ async def _run(args: argparse.Namespace) -> int:
             )
         elif args.command == "cleanup":
             await _cleanup(args, store)
+        elif args.command == "dashboard":
+            await _dashboard(args, store)
     return 0
+
+
+async def _dashboard(args: argparse.Namespace, store: PostgresStore) -> None:
+    try:
+        from venturi.dashboard import _serve, app
+    except ImportError as exc:
+        raise UsageError(
+            f"dashboard: needs the dashboard extra (pip install 'venturi[dashboard]'): {exc}"
+        ) from None
+    await store.check_schema()
+    try:
+        sock = _serve.listen(args.host, args.port)
+    except OSError as exc:
+        raise UsageError(f"dashboard: cannot listen on {args.host}:{args.port}: {exc}") from None
+    shutdown = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, shutdown.set)
+    print(f"venturi: dashboard of {store.prefix!r} at {_serve.url_of(sock)}", file=sys.stderr)
+    if not _serve.local_only(args.host):
+        print(
+            "venturi: only clients on this machine are let in (no gate); to open it to others, "
+            "mount venturi.dashboard.app(store, gate=...) in your app",
+            file=sys.stderr,
+        )
+    await _serve.serve(app(store, allow_local=True, read_only=args.read_only), sock, shutdown)
 
 
 async def _worker(args: argparse.Namespace, store: PostgresStore) -> None:
@@ -459,7 +559,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     redact = logs.Redactor(secrets)
     try:
         return asyncio.run(_run(args))
-    except (UsageError, SchemaError, ValueError) as exc:
+    except (UsageError, SchemaError, ValueError, FileExistsError) as exc:
         return _fail(args, exc, str(exc), redact)
     except (
         OSError,

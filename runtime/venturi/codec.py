@@ -13,9 +13,11 @@ message (which names the path, e.g. "Expected `int`, got `str` - at `$.account_i
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from typing import Any, Protocol, TypeVar
 
 import msgspec
+from ulid import ULID
 
 from venturi._storable import json_problem
 from venturi.errors import PayloadError
@@ -34,12 +36,28 @@ class Codec(Protocol):
     that does not decode into `target`, which sends a claimed job dead with that message.
     """
 
-    def encode(self, value: Any, *, role: str = "payload", kind: str = "") -> str:
-        """Encode a task or carry. `role` and `kind` only describe the value in errors."""
+    def encode(
+        self,
+        value: Any,
+        *,
+        role: str = "payload",
+        kind: str = "",
+        job_id: ULID | uuid.UUID | None = None,
+    ) -> str:
+        """Encode a task or carry of the job `job_id` of `kind` (a codec may bind the value
+        to them, as encryption does; JSON uses them only to describe the value in errors)."""
         ...
 
-    def decode(self, target: type[T], data: str | bytes) -> T:
-        """Decode stored text into `target` (a task or carry class)."""
+    def decode(
+        self,
+        target: type[T],
+        data: str | bytes,
+        *,
+        kind: str = "",
+        job_id: ULID | uuid.UUID | None = None,
+    ) -> T:
+        """Decode stored text of the job `job_id` of `kind` into `target` (a task or carry
+        class)."""
         ...
 
     def decode_any(self, data: str | bytes) -> Any:
@@ -50,7 +68,14 @@ class Codec(Protocol):
 class JsonCodec:
     """JSON through msgspec: a task's fields as a JSON object, exactly or not at all."""
 
-    def encode(self, value: Any, *, role: str = "payload", kind: str = "") -> str:
+    def encode(
+        self,
+        value: Any,
+        *,
+        role: str = "payload",
+        kind: str = "",
+        job_id: ULID | uuid.UUID | None = None,
+    ) -> str:
         """Encode a task or carry to JSON text, or raise PayloadError naming the bad field.
 
         `role` and `kind` only describe the value in the error (built only on failure: this
@@ -73,18 +98,43 @@ class JsonCodec:
                 raise PayloadError(f"cannot encode {_what(value, role, kind)}: {problem}")
         return data.decode()
 
-    def decode(self, target: type[T], data: str | bytes) -> T:
+    def decode(
+        self,
+        target: type[T],
+        data: str | bytes,
+        *,
+        kind: str = "",
+        job_id: ULID | uuid.UUID | None = None,
+    ) -> T:
         """Decode JSON into `target`; raises msgspec.ValidationError / DecodeError."""
         found = _decoders.get(target)
         if found is None:
             found = _decoders[target] = msgspec.json.Decoder(target)
-        result: T = found.decode(data)
+        try:
+            result: T = found.decode(data)
+        except msgspec.ValidationError:
+            if _SEALED in (data.encode() if isinstance(data, str) else data)[:24]:
+                raise ValueError(
+                    "the value is encrypted, and this codec has no key ring: give the Worker "
+                    "codec=SealedCodec(KeyRing...) (see venturi.encryption)"
+                ) from None
+            raise
         return result
 
     def decode_any(self, data: str | bytes) -> Any:
-        """Decode JSON into plain Python values."""
-        return msgspec.json.decode(data)
+        """Decode JSON into plain Python values; an encrypted value is shown by its key id
+        only (`{"venturi:sealed": "k1"}`), as `SealedCodec` shows it."""
+        value = msgspec.json.decode(data)
+        if _SEALED in (data.encode() if isinstance(data, str) else data)[:24] and (
+            isinstance(value, dict) and isinstance(value.get(_MARKER), str) and len(value) == 1
+        ):
+            return {_MARKER: value[_MARKER].partition(":")[0]}
+        return value
 
+
+_MARKER = "venturi:sealed"
+_SEALED = f'"{_MARKER}"'.encode()
+"""How an encrypted value starts (see venturi.encryption): looked for on errors only."""
 
 DEFAULT_CODEC = JsonCodec()
 """The codec of a `Queue` or `Worker` not given one."""

@@ -1,13 +1,18 @@
 """The demo behind `venturi demo`: enqueue a mix of jobs, run a worker until they are all
 done, and print progress and the final stats. Shows the four outcomes and the carry.
+
+With `--dashboard`, the worker then keeps running with a few more jobs (some scheduled, some
+that fail for good) and the dashboard serves the demo's queue on 127.0.0.1 until Ctrl-C.
 """
 
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TextIO
 
 from venturi.backoff import Backoff
@@ -47,6 +52,14 @@ class Import(Task[Cursor]):
     account_id: int
 
 
+@dataclass
+class Report(Task):
+    """Fails for good (shown on the dashboard's Failed page, to retry or forget)."""
+
+    KIND = "demo.report"
+    month: int
+
+
 async def thumbnail(task: Thumbnail, ctx: Context[None], app: None) -> Outcome:
     return Outcome.completed()
 
@@ -65,6 +78,10 @@ async def import_(task: Import, ctx: Context[Cursor], app: None) -> Outcome:
     return Outcome.completed(note=f"imported {ctx.carry.page} pages")
 
 
+async def report(task: Report, ctx: Context[None], app: None) -> Outcome:
+    raise TaskError.permanent(f"report for month {task.month}: the ledger is closed")
+
+
 async def run_demo(
     dsn: str | None,
     *,
@@ -72,18 +89,31 @@ async def run_demo(
     concurrency: int = 8,
     prefix: str = "venturi_demo",
     out: TextIO = sys.stdout,
+    dashboard_port: int | None = None,
 ) -> None:
-    """Run the demo against `dsn`, or against an embedded server when `dsn` is None."""
+    """Run the demo against `dsn`, or against an embedded server when `dsn` is None; then,
+    with `dashboard_port`, serve the dashboard on 127.0.0.1 until SIGINT/SIGTERM."""
     if dsn is None:
         print("no DSN given: starting an embedded PostgreSQL ...", file=out)
         async with EmbeddedPostgres() as pg:
             print(f"embedded PostgreSQL at {pg.dsn}", file=out)
-            await _demo(pg.dsn, jobs, concurrency, prefix, out)
+            await _demo(pg.dsn, jobs, concurrency, prefix, out, dashboard_port)
     else:
-        await _demo(dsn, jobs, concurrency, prefix, out)
+        await _demo(dsn, jobs, concurrency, prefix, out, dashboard_port)
 
 
-async def _demo(dsn: str, jobs: int, concurrency: int, prefix: str, out: TextIO) -> None:
+def _worker(store: PostgresStore, concurrency: int) -> Worker[None]:
+    worker = Worker(None, store, concurrency=concurrency, backoff=Backoff(0.05, 1.0))
+    worker.register(Thumbnail, thumbnail)
+    worker.register(Receipt, receipt)
+    worker.register(Import, import_)
+    worker.register(Report, report)
+    return worker
+
+
+async def _demo(
+    dsn: str, jobs: int, concurrency: int, prefix: str, out: TextIO, dashboard_port: int | None
+) -> None:
     async with await PostgresStore.connect(dsn, prefix=prefix) as store:
         await store.migrate()
         queue = Queue(store)
@@ -94,10 +124,7 @@ async def _demo(dsn: str, jobs: int, concurrency: int, prefix: str, out: TextIO)
         await queue.enqueue_many(Import(account_id=i) for i in range(third))
         print(f"enqueued {jobs} jobs in {time.monotonic() - started:.2f}s", file=out)
 
-        worker = Worker(None, store, concurrency=concurrency, backoff=Backoff(0.05, 1.0))
-        worker.register(Thumbnail, thumbnail)
-        worker.register(Receipt, receipt)
-        worker.register(Import, import_)
+        worker = _worker(store, concurrency)
         shutdown = asyncio.Event()
         run = asyncio.create_task(worker.run(shutdown))
         started = time.monotonic()
@@ -126,3 +153,32 @@ async def _demo(dsn: str, jobs: int, concurrency: int, prefix: str, out: TextIO)
             f"final stats: pending={stats.pending} claimed={stats.claimed} dead={stats.dead}",
             file=out,
         )
+        if dashboard_port is not None:
+            await _serve_dashboard(store, queue, concurrency, dashboard_port, out)
+
+
+async def _serve_dashboard(
+    store: PostgresStore, queue: Queue, concurrency: int, port: int, out: TextIO
+) -> None:
+    """Keep a worker running, add jobs worth looking at, serve the dashboard until a signal."""
+    from venturi.dashboard import _serve, app  # the dashboard extra, only when asked for
+
+    try:
+        sock = _serve.listen("127.0.0.1", port)
+    except OSError as exc:
+        raise ValueError(f"demo: the dashboard cannot listen on 127.0.0.1:{port}: {exc}") from None
+    await queue.enqueue_many(Report(month=m) for m in range(1, 6))
+    for minutes in range(1, 13):
+        await queue.enqueue_in(Thumbnail(image_id=10_000 + minutes), timedelta(minutes=minutes))
+    shutdown = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, shutdown.set)
+    print(f"dashboard at {_serve.url_of(sock)} (Ctrl-C to stop)", file=out, flush=True)
+    worker = _worker(store, concurrency)
+    running = asyncio.create_task(worker.run(shutdown))
+    try:
+        await _serve.serve(app(store, allow_local=True), sock, shutdown)
+    finally:
+        shutdown.set()
+        await running

@@ -845,6 +845,30 @@ class PostgresStore:
                 return total
 
     @_schema_required
+    async def sealed_after(
+        self, after: uuid.UUID, current_key: str, limit: int
+    ) -> list[asyncpg.Record]:
+        """Jobs after `after` with a value sealed by a key other than `current_key`."""
+        return await self._run.fetch(
+            self._q["sealed_after"], after=after, current=current_key, n=limit
+        )
+
+    async def rewrite_sealed(
+        self, rows: Sequence[tuple[uuid.UUID, str, str | None, str | None, str | None]]
+    ) -> int:
+        """Store re-sealed (id, old payload, new payload, old carry, new carry) values where
+        the job still holds the old ones; returns how many were rewritten."""
+        n: int = await self._run.fetchval(
+            self._q["sealed_rewrite"],
+            ids=[r[0] for r in rows],
+            old_payloads=[r[1] for r in rows],
+            payloads=[r[2] for r in rows],
+            old_carries=[r[3] for r in rows],
+            carries=[r[4] for r in rows],
+        )
+        return n
+
+    @_schema_required
     async def journal(self, job_id: ULID | uuid.UUID) -> list[JournalEntry]:
         rows = await self._run.fetch(self._q["journal_list_for_job"], id=_as_uuid(job_id))
         return list(_journal(rows))

@@ -16,6 +16,7 @@ import logging
 import os
 import threading
 import time
+import uuid
 from collections.abc import Iterable, Sequence
 from datetime import UTC, datetime
 from typing import Any
@@ -27,7 +28,8 @@ from venturi._records import ExistingJob, MergePlan, NewJob, NewJobs
 from venturi._settings import DEFAULT_QUEUE, check_lease, check_queue_name
 from venturi.backoff import MAX_DELAY, Backoff, Seconds, to_seconds
 from venturi.codec import DEFAULT_CODEC, Codec
-from venturi.errors import JobFailed
+from venturi.encryption import SealedCodec
+from venturi.errors import JobFailed, PayloadError
 from venturi.hooks import Enqueued, Hooks
 from venturi.jobs import CleanupCriteria, Job, JobFilter, JobStatus, JournalEntry, Stats
 from venturi.merge import DedupKey, Merge, MergeAction, Pending
@@ -52,7 +54,7 @@ def _kind(task_type: type[Any]) -> str:
 def _no_policy(task_type: type[Any]) -> bool:
     found = _NO_POLICY.get(task_type)
     if found is None:
-        found = _NO_POLICY[task_type] = all(
+        found = _NO_POLICY[task_type] = not task_type.ENCRYPTED and all(
             getattr(task_type, hook, None) is getattr(Task, hook) for hook in _HOOKS
         )
     return found
@@ -151,13 +153,14 @@ class Queue:
         codec = self.codec
         task_type = type(task)
         carry_type = carry_type_of(task_type)
+        holder = existing.id
         pending: Pending[Any] = Pending(
-            id=ULID.from_bytes(existing.id.bytes),
-            task=codec.decode(task_type, existing.payload),
+            id=ULID.from_bytes(holder.bytes),
+            task=codec.decode(task_type, existing.payload, kind=job.kind, job_id=holder),
             carry=(
                 None
                 if carry_type is None
-                else codec.decode(carry_type, existing.carry)
+                else codec.decode(carry_type, existing.carry, kind=job.kind, job_id=holder)
                 if existing.carry is not None
                 else carry_type()
             ),
@@ -172,16 +175,22 @@ class Queue:
         if decision.action is MergeAction.INDEPENDENT:
             return MergePlan("independent")
         if decision.action is MergeAction.REPLACE:
-            return MergePlan("replace", job.payload, True, None, job.priority)
+            # A sealed payload is bound to its job: seal it again for the holder.
+            payload = (
+                codec.encode(task, kind=job.kind, job_id=holder)
+                if task_type.ENCRYPTED
+                else job.payload
+            )
+            return MergePlan("replace", payload, True, None, job.priority)
         merged = decision.task
         if type(merged) is not task_type:
             raise TypeError(f"Merge.with_() needs a {task_type.__qualname__}, got {merged!r}")
         carry = None
         if decision.carry is not None:
-            carry = codec.encode(decision.carry, role="merged carry", kind=job.kind)
+            carry = codec.encode(decision.carry, role="merged carry", kind=job.kind, job_id=holder)
         return MergePlan(
             "with",
-            codec.encode(merged, role="merged payload", kind=job.kind),
+            codec.encode(merged, role="merged payload", kind=job.kind, job_id=holder),
             True,
             carry,
             int(Priority(merged.priority())),
@@ -315,6 +324,32 @@ class Queue:
             raise ValueError("CleanupCriteria.finished_before must be timezone-aware")
         return await self.store.cleanup(criteria)
 
+    async def rekey(self, *, batch_size: int = 500) -> int:
+        """Seal again, with the key ring's current key, every stored payload and carry sealed
+        with an older key (all jobs, finished ones too), so the old keys can be retired;
+        returns how many jobs were rewritten. Needs `codec=SealedCodec(...)` holding the old
+        keys as well. Safe while workers run: a value written in between is kept."""
+        codec = self.codec
+        if not isinstance(codec, SealedCodec):
+            raise TypeError("rekey: the Queue's codec must be a SealedCodec with the key ring")
+        after, total = uuid.UUID(int=0), 0
+        while rows := await self.store.sealed_after(after, codec.ring.current, batch_size):
+            rewrites = []
+            for r in rows:
+                kind, job_id = r["kind"], r["id"]
+                try:
+                    payload = codec.reseal(r["payload"], kind=kind, job_id=job_id)
+                    carry = None
+                    if r["carry"] is not None:
+                        carry = codec.reseal(r["carry"], kind=kind, job_id=job_id)
+                except ValueError as exc:
+                    ulid = ULID.from_bytes(job_id.bytes)
+                    raise ValueError(f"rekey: job {ulid} ({kind}): {exc}") from None
+                rewrites.append((job_id, r["payload"], payload, r["carry"], carry))
+            total += await self.store.rewrite_sealed(rewrites)
+            after = rows[-1]["id"]
+        return total
+
     async def job_journal(self, job_id: ULID) -> list[JournalEntry]:
         """Every journal entry of one job, oldest first."""
         return await self.store.journal(job_id)
@@ -339,7 +374,14 @@ class Queue:
         job_id: ULID | None = None,
     ) -> NewJob:
         kind = _kind(type(task))
-        payload = self.codec.encode(task, kind=kind)
+        if job_id is None:
+            job_id = new_ids(1)[0]
+        if task.ENCRYPTED and not getattr(self.codec, "seals", False):
+            raise PayloadError(
+                f"{kind} is an encrypted task (ENCRYPTED = True): give the Queue "
+                f"codec=SealedCodec(KeyRing...) (see venturi.encryption); nothing was stored"
+            )
+        payload = self.codec.encode(task, kind=kind, job_id=job_id)
         tier = priority if priority is not None else task.priority()
         if type(tier) is not Priority:
             tier = Priority(tier)
@@ -351,7 +393,7 @@ class Queue:
         if dedup is not None and not isinstance(dedup, DedupKey):
             raise TypeError(f"{kind}.dedup_key() must return a DedupKey or None, got {dedup!r}")
         return NewJob(
-            id=job_id if job_id is not None else new_ids(1)[0],
+            id=job_id,
             kind=kind,
             queue=self.queue,
             priority=int(tier),

@@ -55,6 +55,15 @@ class Task(Generic[C]):
     """
 
     KIND: ClassVar[str]
+    ENCRYPTED: ClassVar[bool] = False
+    """Store this task's payload and carry sealed with AES-256-GCM: the `Queue` and `Worker`
+    then need `codec=SealedCodec(KeyRing...)` (see venturi.encryption)."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        kind = cls.__dict__.get("KIND", getattr(cls, "KIND", None))
+        if getattr(cls, "ENCRYPTED", False) is True and isinstance(kind, str):
+            _encrypted_kinds.add(kind)
 
     def lease(self) -> Seconds | None:
         """How long a claim of this job lasts before another worker may recover it.
@@ -81,6 +90,15 @@ class Task(Generic[C]):
     def merge(self, existing: Pending[Any]) -> Merge:
         """Decide what a colliding enqueue does (default: replace the pending payload)."""
         return Merge.replace()
+
+
+_encrypted_kinds: set[str] = set()
+"""KINDs of task classes marked ENCRYPTED (a codec seals by KIND: a carry is not a task)."""
+
+
+def is_encrypted_kind(kind: str) -> bool:
+    """Whether a task class with this KIND is marked ENCRYPTED."""
+    return kind in _encrypted_kinds
 
 
 def kind_of(task_type: type[Task[Any]]) -> str:

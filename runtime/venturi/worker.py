@@ -201,6 +201,11 @@ class Worker(Generic[AppT]):
         this kind's runs only, inside the worker's own (e.g. `venturi.flow`'s limits).
         """
         kind = kind_of(task_type)
+        if task_type.ENCRYPTED and not getattr(self.policy.codec, "seals", False):
+            raise TypeError(
+                f"register({task_type.__qualname__}): an encrypted task (ENCRYPTED = True) "
+                f"needs the Worker's codec=SealedCodec(KeyRing...) (see venturi.encryption)"
+            )
         if handler is None:
             handler = getattr(task_type, "handle", None)
             if handler is None:

@@ -4,10 +4,12 @@ merges read through it."""
 from __future__ import annotations
 
 import base64
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
+from ulid import ULID
 
 from venturi import (
     Codec,
@@ -36,11 +38,25 @@ class Envelope:
     def __init__(self) -> None:
         self.inner = JsonCodec()
 
-    def encode(self, value: Any, *, role: str = "payload", kind: str = "") -> str:
+    def encode(
+        self,
+        value: Any,
+        *,
+        role: str = "payload",
+        kind: str = "",
+        job_id: ULID | uuid.UUID | None = None,
+    ) -> str:
         text = self.inner.encode(value, role=role, kind=kind)
         return msgspec.json.encode({"$b64": base64.b64encode(text.encode()).decode()}).decode()
 
-    def decode(self, target: type[T], data: str | bytes) -> T:
+    def decode(
+        self,
+        target: type[T],
+        data: str | bytes,
+        *,
+        kind: str = "",
+        job_id: ULID | uuid.UUID | None = None,
+    ) -> T:
         return self.inner.decode(target, self._open(data))
 
     def decode_any(self, data: str | bytes) -> Any:

@@ -67,6 +67,7 @@ def test_the_shipped_statements_load_and_render_for_a_prefix() -> None:
     assert {"job_insert", "job_claim", "job_settle_many", "stats", "savepoint"} <= set(queries)
     for stmt in queries.values():
         assert "{prefix}" not in stmt.text
-        assert not re.search(r"(?<!:):[a-z_]", stmt.text), f"{stmt.name}: uncompiled parameter"
+        code = re.sub(r"'(?:[^']|'')*'", "''", stmt.text)  # string literals may hold colons
+        assert not re.search(r"(?<!:):[a-z_]", code), f"{stmt.name}: uncompiled parameter"
     assert "acme_jobs" in queries["job_insert"].text
     assert queries["job_insert"].params[:2] == ("queue", "ids")

@@ -1,0 +1,132 @@
+"""``python -m bench.dashboard``: server render time of every dashboard page with 1,000,000
+jobs in the table (``--jobs N`` to change; ``--quick`` for 20,000).
+
+A private embedded PostgreSQL (127.0.0.1, stopped at the end) gets N jobs in one INSERT:
+90 % completed over the last day (each with a journal row), 8 % pending (a sixteenth of them
+scheduled for later), 0.1 % claimed, 1.9 % dead spread through the table, over 8 kinds and 3
+queues, ids ULIDs in creation order. Each page is requested in-process (httpx on the ASGI
+app) 5 times to warm up, then ``--runs`` times; the figure is the app's own Server-Timing
+(gate, queries, rendering), median and 95th percentile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+
+import httpx
+
+from venturi import PostgresStore, dashboard
+from venturi.embedded import EmbeddedPostgres
+
+PREFIX = "dash"
+
+SEED = """
+INSERT INTO {p}_jobs (id, kind, queue, status, priority, run_at, created_at, finished_at,
+                      payload, run_count, failures, last_error, claimed_at, lease_until,
+                      claimed_by, claim_token)
+SELECT id, kind, queue, status, 1,
+       CASE WHEN status = 'pending' AND i % 16 = 0 THEN now() + interval '1 hour'
+            ELSE created END,
+       created,
+       CASE WHEN status IN ('completed', 'dead') THEN created + interval '2 seconds' END,
+       jsonb_build_object('n', i, 'user', 'user-' || (i % 5000), 'note', repeat('x', 40)),
+       CASE WHEN status = 'pending' THEN 0 ELSE 1 END,
+       CASE WHEN status = 'dead' THEN 1 ELSE 0 END,
+       CASE WHEN status = 'dead' THEN 'permanent: card declined for order ' || i END,
+       CASE WHEN status = 'claimed' THEN now() END,
+       CASE WHEN status = 'claimed' THEN now() + interval '1 hour' END,
+       CASE WHEN status = 'claimed' THEN 'bench:1' END,
+       CASE WHEN status = 'claimed' THEN gen_random_uuid() END
+FROM (
+    SELECT i, created,
+           -- a ULID: the creation millisecond, then random bits
+           encode(overlay(uuid_send(gen_random_uuid())
+                          PLACING substring(int8send((extract(epoch FROM created) * 1000)::int8)
+                                            FROM 3) FROM 1), 'hex')::uuid AS id,
+           'kind' || (i % 8) AS kind,
+           'queue' || (i % 3) AS queue,
+           CASE WHEN i % 1000 < 19 THEN 'dead'
+                WHEN i > :total * 0.92 THEN (CASE WHEN i % 80 = 0 THEN 'claimed' ELSE 'pending' END)
+                ELSE 'completed' END AS status
+    FROM (SELECT i, now() - interval '1 day' + (i * interval '1 day' / :total) AS created
+          FROM generate_series(1, :total) AS i) AS t
+) AS s
+"""
+
+JOURNAL = """
+INSERT INTO {p}_journal (job_id, run, outcome, at, note, duration_s, worker)
+SELECT id, 1, status, finished_at, last_error, 0.012, 'bench:1'
+FROM {p}_jobs WHERE status IN ('completed', 'dead')
+"""
+
+
+async def main() -> None:
+    parser = argparse.ArgumentParser(prog="python -m bench.dashboard")
+    parser.add_argument("--jobs", type=int, default=1_000_000)
+    parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--quick", action="store_true", help="20,000 jobs, 5 runs")
+    args = parser.parse_args()
+    total, runs = (20_000, 5) if args.quick else (args.jobs, args.runs)
+    async with (
+        EmbeddedPostgres() as pg,
+        await PostgresStore.connect(pg.dsn, prefix=PREFIX) as store,
+    ):
+        await store.migrate()
+        pool = store._pool_or_raise()
+        started = time.perf_counter()
+        await pool.execute(SEED.format(p=PREFIX).replace(":total", str(total)))
+        await pool.execute(JOURNAL.format(p=PREFIX))
+        await pool.execute(f"VACUUM ANALYZE {PREFIX}_jobs")
+        await pool.execute(f"VACUUM ANALYZE {PREFIX}_journal")
+        print(f"seeded {total:,} jobs in {time.perf_counter() - started:.1f} s")
+        row = await pool.fetchrow(
+            f"SELECT (SELECT id FROM {PREFIX}_jobs WHERE status = 'dead' ORDER BY id"
+            f" OFFSET (SELECT count(*) / 2 FROM {PREFIX}_jobs WHERE status = 'dead')"
+            f" LIMIT 1) AS dead_id,"
+            f" (SELECT id FROM {PREFIX}_jobs ORDER BY id OFFSET {total // 2} LIMIT 1) AS mid"
+        )
+        assert row is not None
+        from ulid import ULID
+
+        dead_id = ULID.from_bytes(row["dead_id"].bytes)
+        mid = ULID.from_bytes(row["mid"].bytes)
+        pages = [
+            "/",
+            "/jobs",
+            "/jobs?status=pending",
+            "/jobs?status=claimed",
+            "/jobs?status=completed",
+            "/jobs?status=dead",
+            "/jobs?kind=kind3",
+            "/jobs?queue=queue2",
+            "/jobs?status=dead&kind=kind3",
+            f"/jobs?before={mid}",
+            f"/jobs?status=completed&before={mid}",
+            f"/jobs/{dead_id}",
+            "/failed",
+            "/failed?kind=kind5",
+            f"/failed?before={dead_id}",
+        ]
+        app = dashboard.app(store, gate=lambda request: True)
+        transport = httpx.ASGITransport(app=app)
+        print(f"{'page':<44} {'median ms':>10} {'p95 ms':>8}")
+        async with httpx.AsyncClient(transport=transport, base_url="http://bench") as http:
+            for path in pages:
+                times = []
+                for i in range(5 + runs):
+                    response = await http.get(path)
+                    assert response.status_code == 200, (path, response.status_code)
+                    timing = response.headers["server-timing"]
+                    if i >= 5:
+                        times.append(float(timing.partition("dur=")[2]))
+                times.sort()
+                p95 = times[min(len(times) - 1, round(0.95 * (len(times) - 1)))]
+                shown = path if len(path) <= 44 else path[:41] + "..."
+                print(f"{shown:<44} {statistics.median(times):>10.1f} {p95:>8.1f}")
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

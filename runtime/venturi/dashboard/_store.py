@@ -1,0 +1,204 @@
+"""The dashboard's database access: bounded reads, and the actions on dead jobs.
+
+Every page reads in one read-only, repeatable-read transaction (one snapshot, so the figures
+of a page agree with each other) whose statements are bounded by a statement timeout set
+first (`dashboard_session`). Reads go through the public `Queue` on that connection
+(`store.using(conn)`), plus the few statements of `_db/queries/dashboard.sql`.
+
+Retry and forget are here until the failed-jobs API of the store lands; they change dead
+jobs only, each batch in one short transaction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import asyncpg
+from ulid import ULID
+
+from venturi._db import sql
+from venturi._db.run import discard_if_broken, release
+from venturi.codec import DEFAULT_CODEC, Codec
+from venturi.jobs import Job, JobFilter, JobStatus, JournalEntry, Stats
+from venturi.postgres import PostgresStore
+from venturi.queue import Queue
+
+COUNT_CAP = 10_000
+"""Counts read from the jobs table (not the kept counters) stop here: "10,000+"."""
+BATCH = 1_000
+"""Jobs changed per transaction by "retry all" (short locks, short WAL bursts)."""
+BULK_LIMIT = 10_000
+"""Jobs "retry all" changes per click at most: a click never holds a request for minutes."""
+
+
+@dataclass(frozen=True, slots=True)
+class Finished:
+    """Jobs finished since a moment, each count capped at `COUNT_CAP`."""
+
+    done: int
+    failed: int
+    at: datetime
+    """The database's clock when read."""
+
+
+class Reader:
+    """The reads of one page, on one connection, inside its bounded transaction."""
+
+    def __init__(self, conn: Any, queries: Mapping[str, sql.Statement], queue: Queue) -> None:
+        self._conn = conn
+        self._q = queries
+        self.queue = queue
+
+    async def _fetch(self, name: str, **values: Any) -> list[asyncpg.Record]:
+        stmt = self._q[name]
+        rows: list[asyncpg.Record] = await self._conn.fetch(stmt.text, *stmt.args(values))
+        return rows
+
+    async def stats(self) -> Stats:
+        return await self.queue.stats()
+
+    async def counts(self) -> dict[str, dict[JobStatus, int]]:
+        """Jobs by kind and status, from the kept counters (all four statuses)."""
+        found: dict[str, dict[JobStatus, int]] = {}
+        for r in await self._fetch("dashboard_counts"):
+            found.setdefault(r["kind"], {})[JobStatus(r["status"])] = r["n"]
+        return found
+
+    async def finished_since(self, ago: timedelta) -> Finished:
+        rows = await self._fetch("dashboard_finished_since", ago=ago, cap=COUNT_CAP)
+        row = rows[0]
+        return Finished(done=row["done"], failed=row["failed"], at=row["at"])
+
+    async def now(self) -> datetime:
+        """The database's clock, as of this page's snapshot."""
+        rows = await self._fetch("dashboard_now")
+        at: datetime = rows[0]["now"]
+        return at
+
+    async def jobs(self, f: JobFilter) -> list[Job]:
+        return await self.queue.jobs(f)
+
+    async def job(self, job_id: ULID) -> Job | None:
+        return await self.queue.job(job_id)
+
+    async def journal(self, job_id: ULID) -> list[JournalEntry]:
+        return await self.queue.job_journal(job_id)
+
+
+class DashboardStore:
+    """The dashboard's view of one store (one table prefix)."""
+
+    def __init__(
+        self,
+        store: PostgresStore,
+        *,
+        statement_timeout: float,
+        codec: Codec = DEFAULT_CODEC,
+    ) -> None:
+        self.store = store
+        self._q = sql.queries(store.prefix)
+        self._timeout_ms = str(max(1, round(statement_timeout * 1000)))
+        self._codec = codec
+
+    @asynccontextmanager
+    async def _connection(self, *, readonly: bool) -> AsyncIterator[Any]:
+        # The store's own pool (the store keeps it private; this is the one place that
+        # reaches for it). A connection that broke mid-statement (a cancelled request) is
+        # terminated rather than returned, as the store does for its own statements.
+        pool: asyncpg.Pool = self.store._pool_or_raise()
+        conn = await pool.acquire()
+        try:
+            async with conn.transaction(
+                readonly=readonly, isolation="repeatable_read" if readonly else None
+            ):
+                stmt = self._q["dashboard_session"]
+                await conn.execute(stmt.text, *stmt.args({"timeout_ms": self._timeout_ms}))
+                yield conn
+        except BaseException as exc:
+            discard_if_broken(conn, exc)
+            raise
+        finally:
+            await release(pool, conn)
+
+    @asynccontextmanager
+    async def reading(self) -> AsyncIterator[Reader]:
+        """One page's reads: a read-only snapshot, every statement bounded."""
+        async with self._connection(readonly=True) as conn:
+            queue = Queue(self.store.using(conn), codec=self._codec)
+            yield Reader(conn, self._q, queue)
+
+    async def retry(self, ids: Sequence[ULID], *, actor: str) -> list[ULID]:
+        """Dead jobs among `ids` back to pending, eligible now, journaled and announced in
+        one transaction; returns those retried (a job no longer dead is left alone)."""
+        async with self._connection(readonly=False) as conn:
+            return await self._retry(conn, [i.to_uuid() for i in ids], actor)
+
+    async def forget(self, ids: Sequence[ULID]) -> list[ULID]:
+        """Delete the dead jobs among `ids` and their journal; returns those deleted."""
+        stmt = self._q["dashboard_job_forget"]
+        async with self._connection(readonly=False) as conn:
+            rows = await conn.fetch(stmt.text, *stmt.args({"ids": [i.to_uuid() for i in ids]}))
+        return [ULID.from_bytes(r["id"].bytes) for r in rows]
+
+    async def retry_all(
+        self,
+        *,
+        cutoff: datetime | None = None,
+        kind: str | None,
+        actor: str,
+        limit: int = BULK_LIMIT,
+        on_batch: Callable[[int], None] | None = None,
+    ) -> int:
+        """Retry the jobs that were dead at `cutoff` (the database's clock; default: now), of
+        `kind` or all, `BATCH` per transaction, at most `limit`; returns how many. Retried
+        jobs are pending, so each batch finds the next ones; one that dies again after
+        `cutoff` is not taken again."""
+        if cutoff is None:
+            async with self.reading() as reader:
+                cutoff = await reader.now()
+        total = 0
+        pick = self._q["dashboard_dead_ids"]
+        while total < limit:
+            async with self._connection(readonly=False) as conn:
+                rows = await conn.fetch(
+                    pick.text,
+                    *pick.args(
+                        {"cutoff": cutoff, "kind": kind, "limit": min(BATCH, limit - total)}
+                    ),
+                )
+                if not rows:
+                    break
+                retried = await self._retry(conn, [r["id"] for r in rows], actor)
+            total += len(retried)
+            if on_batch is not None:
+                on_batch(total)
+        return total
+
+    async def dead_count(self, kind: str | None) -> int:
+        """Dead jobs (of `kind`, or all) from the kept counters."""
+        async with self.reading() as reader:
+            counts = await reader.counts()
+        return sum(
+            by_status.get(JobStatus.DEAD, 0)
+            for k, by_status in counts.items()
+            if kind is None or k == kind
+        )
+
+    async def _retry(self, conn: Any, ids: list[Any], actor: str) -> list[ULID]:
+        stmt = self._q["dashboard_job_retry"]
+        rows = await conn.fetch(
+            stmt.text,
+            *stmt.args(
+                {
+                    "ids": ids,
+                    "note": f"retried from the dashboard by {actor}",
+                    "actor": "dashboard",
+                    "channel": self.store.channel,
+                }
+            ),
+        )
+        return [ULID.from_bytes(r["id"].bytes) for r in rows]

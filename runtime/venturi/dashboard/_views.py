@@ -1,0 +1,166 @@
+"""What the pages show, as plain values built from what the store read: pure functions, no
+I/O, tested as such. The templates only lay these out.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from venturi.dashboard._store import COUNT_CAP, Finished
+from venturi.jobs import Job, JobStatus, Stats
+
+PAYLOAD_SHOWN = 64 * 1024
+"""Characters of a payload, carry or attachment a page shows before cutting it."""
+
+STATUS_LABELS = {
+    JobStatus.PENDING: "pending",
+    JobStatus.CLAIMED: "running",
+    JobStatus.COMPLETED: "done",
+    JobStatus.DEAD: "dead",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class KindRow:
+    kind: str
+    ready: int
+    scheduled: int
+    running: int
+    done: int
+    dead: int
+    oldest_wait: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class Overview:
+    """The overview page: totals, then one row per kind.
+
+    Per-queue rows (and each queue's paused state) need the stats by queue that are not
+    built yet; per-minute charts need the per-minute counters. Each will be a field here and
+    a section of overview.html (marked there) when the store can read it.
+    """
+
+    ready: int
+    scheduled: int
+    running: int
+    dead: int
+    done_total: int
+    oldest_wait: float | None
+    finished: Finished
+    kinds: tuple[KindRow, ...]
+
+
+def overview(
+    stats: Stats, counts: Mapping[str, Mapping[JobStatus, int]], finished: Finished
+) -> Overview:
+    kinds = sorted(
+        set(counts)
+        | set(stats.pending_by_kind)
+        | set(stats.scheduled_by_kind)
+        | set(stats.claimed_by_kind)
+        | set(stats.dead_by_kind)
+    )
+    rows = tuple(
+        KindRow(
+            kind=k,
+            ready=stats.pending_by_kind.get(k, 0),
+            scheduled=stats.scheduled_by_kind.get(k, 0),
+            running=stats.claimed_by_kind.get(k, 0),
+            done=counts.get(k, {}).get(JobStatus.COMPLETED, 0),
+            dead=stats.dead_by_kind.get(k, 0),
+            oldest_wait=stats.oldest_pending_age_by_kind.get(k),
+        )
+        for k in kinds
+    )
+    return Overview(
+        ready=stats.pending,
+        scheduled=sum(stats.scheduled_by_kind.values()),
+        running=stats.claimed,
+        dead=stats.dead,
+        done_total=sum(r.done for r in rows),
+        oldest_wait=stats.oldest_pending_age,
+        finished=finished,
+        kinds=rows,
+    )
+
+
+def status_totals(counts: Mapping[str, Mapping[JobStatus, int]]) -> dict[JobStatus, int]:
+    """Jobs per status over every kind (for the jobs page's tabs)."""
+    totals = dict.fromkeys(JobStatus, 0)
+    for by_status in counts.values():
+        for status, n in by_status.items():
+            totals[status] += n
+    return totals
+
+
+def number(n: int) -> str:
+    """1234567 -> '1,234,567'."""
+    return f"{n:,}"
+
+
+def capped(n: int) -> str:
+    """A count read with a cap: '10,000+' at the cap."""
+    return f"{COUNT_CAP:,}+" if n >= COUNT_CAP else f"{n:,}"
+
+
+def duration(seconds: float | None) -> str:
+    """A span of time for people: '850 ms', '4.2 s', '3 min', '2.5 h', '3 d'; '-' for none."""
+    if seconds is None:
+        return "-"
+    seconds = max(0.0, seconds)
+    if seconds < 0.001:
+        return "<1 ms" if seconds > 0 else "0 s"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 86400 * 2:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.0f} d"
+
+
+def ago(at: datetime | None, now: datetime) -> str:
+    """'3 min ago', 'in 5.0 s' (by the database's clock, `now`)."""
+    if at is None:
+        return "-"
+    delta = (now - at).total_seconds()
+    if -1 < delta < 1:
+        return "now"
+    return f"{duration(delta)} ago" if delta > 0 else f"in {duration(-delta)}"
+
+
+def timestamp(at: datetime | None) -> str:
+    """UTC, to the second: '2026-08-30 12:34:56'."""
+    return "-" if at is None else at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S")
+
+
+def shown_status(job: Job, now: datetime) -> str:
+    """The status a person reads: a pending job waiting for its run_at is 'scheduled'."""
+    if job.status is JobStatus.PENDING and job.run_at > now:
+        return "scheduled"
+    return STATUS_LABELS[job.status]
+
+
+def pretty(value: Any) -> str:
+    """A decoded JSON value: on one line when short, else indented; cut at `PAYLOAD_SHOWN`
+    characters."""
+    text = json.dumps(value, ensure_ascii=False, default=str)
+    if len(text) > 72:
+        text = json.dumps(value, indent=2, ensure_ascii=False, default=str)
+    if len(text) > PAYLOAD_SHOWN:
+        return text[:PAYLOAD_SHOWN] + f"\n… ({len(text) - PAYLOAD_SHOWN:,} more characters)"
+    return text
+
+
+def first_line(text: str | None, limit: int = 120) -> str:
+    """The first line of an error, cut to `limit` characters."""
+    if not text:
+        return ""
+    line = text.strip().splitlines()[0] if text.strip() else ""
+    return line if len(line) <= limit else line[: limit - 1] + "…"

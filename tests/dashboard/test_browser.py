@@ -1,0 +1,196 @@
+"""The dashboard in a real browser: headless Chromium (Debian's) driven by Playwright, against
+the dashboard served by uvicorn on 127.0.0.1 and a real PostgreSQL. Each page's figures are
+checked against the database; clicks change the database; the live refresh shows a job
+enqueued after the page loaded; an ungated app and a cross-origin POST are refused."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.applications import Starlette
+from starlette.responses import HTMLResponse
+from starlette.routing import Route
+
+from tests.dashboard.conftest import Resize, screenshot, seed
+from venturi import JobFilter, JobStatus, JournalOutcome, PostgresStore, Queue, dashboard
+
+FAST = 0.25
+"""The live parts' period in these tests (seconds): the default is 5."""
+
+
+def opened(store: PostgresStore, **options: Any) -> Any:
+    return dashboard.app(store, gate=lambda request: True, refresh=FAST, **options)
+
+
+async def text(page: Any, selector: str) -> str:
+    value: str = await page.locator(selector).inner_text()
+    return value.strip()
+
+
+async def test_overview_shows_the_queue_figures(
+    store: PostgresStore, serve: Any, page: Any, tmp_path: Any
+) -> None:
+    await seed(store)
+    stats = await Queue(store).stats()
+    async with serve(opened(store)) as url:
+        response = await page.goto(url + "/")
+        assert response.status == 200
+        assert await text(page, "[data-figure=ready]") == str(stats.pending) == "7"
+        assert await text(page, "[data-figure=scheduled]") == "3"
+        assert await text(page, "[data-figure=running]") == "0"
+        assert await text(page, "[data-figure=dead]") == str(stats.dead) == "4"
+        assert await text(page, "[data-figure=failed-hour]") == "4"
+        assert await text(page, "[data-figure=done-hour]") == "0"
+        row = "tr[data-kind='media.resize']"
+        assert await text(page, f"{row} [data-col=ready]") == "7"
+        assert await text(page, f"{row} [data-col=scheduled]") == "3"
+        assert await text(page, "tr[data-kind='billing.charge'] [data-col=dead]") == "4"
+        await screenshot(page, "overview", tmp_path)
+
+
+async def test_jobs_page_filters_and_pages_by_keyset(
+    store: PostgresStore, serve: Any, page: Any, tmp_path: Any
+) -> None:
+    seeded = await seed(store, ready=57, dead=2)
+    queue = Queue(store)
+    newest = await queue.jobs(JobFilter(status=JobStatus.PENDING, kind=Resize.KIND, limit=100))
+    assert len(newest) == 60
+    async with serve(opened(store)) as url:
+        await page.goto(url + "/jobs")
+        assert await text(page, "[data-status=pending]") == "60"
+        assert await text(page, "[data-status=dead]") == "2"
+        await page.click("nav.tabs a:has-text('pending')")
+        await page.wait_for_url("**/jobs?status=pending")
+        await page.select_option("select[name=kind]", Resize.KIND)
+        await page.click("form.filters button")
+        await page.wait_for_url("**/jobs?status=pending&kind=media.resize&queue=")
+        assert await text(page, "[data-status=dead]") == "0"  # the tabs count this kind
+        shown = await page.locator("tr[data-job]").evaluate_all(
+            "rows => rows.map(r => r.dataset.job)"
+        )
+        assert shown == [str(j.id) for j in newest[:50]]
+        scheduled = await page.locator(f"tr[data-job='{seeded.scheduled[0]}'] .badge").inner_text()
+        assert scheduled == "scheduled"
+        await screenshot(page, "jobs", tmp_path)
+        await page.click("a[rel=next]")
+        shown = await page.locator("tr[data-job]").evaluate_all(
+            "rows => rows.map(r => r.dataset.job)"
+        )
+        assert shown == [str(j.id) for j in newest[50:]]
+        assert await page.locator("a[rel=next]").count() == 0
+
+
+async def test_job_page_shows_payload_error_and_journal(
+    store: PostgresStore, serve: Any, page: Any, tmp_path: Any
+) -> None:
+    seeded = await seed(store, dead=1)
+    job_id = seeded.dead[0]
+    journal = await Queue(store).job_journal(job_id)
+    async with serve(opened(store)) as url:
+        await page.goto(f"{url}/jobs/{job_id}")
+        assert await text(page, "[data-status]") == "dead"
+        assert '"order": 0' in await text(page, "[data-payload]")
+        assert "card declined for order 0" in await text(page, "pre.error-text")
+        outcomes = await page.locator("[data-outcome]").evaluate_all(
+            "items => items.map(i => i.dataset.outcome)"
+        )
+        assert outcomes == [e.outcome.value for e in journal] == ["dead"]
+        await screenshot(page, "job", tmp_path)
+        missing = await page.goto(f"{url}/jobs/01ARZ3NDEKTSV4RRFFQ69G5FAV")
+        assert missing.status == 404
+
+
+async def test_retry_forget_and_retry_all_change_the_database(
+    store: PostgresStore, serve: Any, page: Any, tmp_path: Any
+) -> None:
+    seeded = await seed(store, ready=0, scheduled=0, dead=4)
+    queue = Queue(store)
+    first, second, *rest = seeded.dead
+    async with serve(opened(store)) as url:
+        await page.goto(url + "/failed")
+        assert await text(page, "#dead-count") == "4"
+        await screenshot(page, "failed", tmp_path)
+
+        await page.click(f"tr[data-job='{first}'] [data-action=retry]")
+        await page.wait_for_url("**/failed?notice=retried&n=1")
+        assert "Retried 1 job" in await text(page, ".notice")
+        job = await queue.job(first)
+        assert job is not None and job.status is JobStatus.PENDING
+        journal = await queue.job_journal(first)
+        assert [e.outcome for e in journal] == [JournalOutcome.DEAD, JournalOutcome.RELEASED]
+        assert journal[-1].note is not None and "retried from the dashboard" in journal[-1].note
+        assert await page.locator(f"tr[data-job='{first}']").count() == 0
+
+        await page.click(f"tr[data-job='{second}'] [data-action=forget]")
+        await page.wait_for_url("**/failed?notice=forgot&n=1")
+        assert await queue.job(second) is None
+        assert await queue.job_journal(second) == []
+
+        await page.click("[data-action=retry-all]")
+        await page.wait_for_url("**/failed?notice=retried_all&n=2")
+        for job_id in rest:
+            job = await queue.job(job_id)
+            assert job is not None and job.status is JobStatus.PENDING
+        assert (await queue.stats()).dead == 0
+        assert await text(page, "#dead-count") == "0"
+
+
+async def test_live_refresh_shows_a_job_enqueued_after_the_page_loaded(
+    store: PostgresStore, serve: Any, page: Any
+) -> None:
+    await seed(store, ready=1, scheduled=0, dead=0)
+    async with serve(opened(store)) as url:
+        await page.goto(url + "/jobs")
+        await page.evaluate("window.loadedOnce = true")  # gone if the page reloads
+        job_id = await Queue(store).enqueue(Resize(image=999))
+        await page.wait_for_selector(f"tr[data-job='{job_id}']", timeout=10_000)
+        assert await page.evaluate("window.loadedOnce") is True
+
+        await page.goto(url + "/")
+        await page.evaluate("window.loadedOnce = true")
+        before = await text(page, "[data-figure=ready]")
+        await Queue(store).enqueue(Resize(image=1000))
+        await page.wait_for_function(
+            "n => document.querySelector('[data-figure=ready]').textContent.trim() === n",
+            arg=str(int(before) + 1),
+            timeout=10_000,
+        )
+        assert await page.evaluate("window.loadedOnce") is True
+
+
+async def test_an_ungated_app_refuses_every_request(
+    store: PostgresStore, serve: Any, page: Any
+) -> None:
+    async with serve(dashboard.app(store)) as url:
+        for path in ("/", "/jobs", "/failed", "/static/live.js"):
+            response = await page.goto(url + path)
+            assert response.status == 403
+        assert "closed" in await page.inner_text("body")
+        assert "gate=" in await page.inner_text("body")
+
+
+async def test_a_cross_origin_post_is_refused(store: PostgresStore, serve: Any, page: Any) -> None:
+    seeded = await seed(store, ready=0, scheduled=0, dead=1)
+    job_id = seeded.dead[0]
+    async with serve(opened(store)) as url:
+        await page.goto(url + "/failed")  # the browser now holds the dashboard's CSRF cookie
+        cookies = await page.context.cookies()
+        token = next(c["value"] for c in cookies if c["name"] == "venturi_csrf")
+
+        # Another origin (another port), with a form that posts to the dashboard; it even
+        # knows the token, which only the Origin check can stop.
+        async def attack(request: Any) -> HTMLResponse:
+            return HTMLResponse(
+                f"<form id=f method=post action='{url}/jobs/{job_id}/retry'>"
+                f"<input name=csrf value='{token}'><input name=next value='/failed'></form>"
+                "<script>document.getElementById('f').submit()</script>"
+            )
+
+        async with serve(Starlette(routes=[Route("/", attack)])) as evil:
+            async with page.expect_navigation(url=f"{url}/jobs/{job_id}/retry") as navigation:
+                await page.goto(evil + "/")
+            response = await navigation.value
+            assert response.status == 403
+            assert "did not come from this dashboard" in await page.inner_text("body")
+        job = await Queue(store).job(job_id)
+        assert job is not None and job.status is JobStatus.DEAD

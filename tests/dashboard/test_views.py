@@ -1,0 +1,161 @@
+"""The dashboard's pure parts: figures for people, the overview's rows, and the request
+checks of the gate (loopback, same origin, CSRF token, an action's way back)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from venturi import JobStatus, Stats
+from venturi.dashboard import _app, _guard, _views
+from venturi.dashboard._store import COUNT_CAP, Finished
+
+
+@pytest.mark.parametrize(
+    ("seconds", "shown"),
+    [
+        (None, "-"),
+        (0.0, "0 s"),
+        (0.0004, "<1 ms"),
+        (0.85, "850 ms"),
+        (4.21, "4.2 s"),
+        (185, "3 min"),
+        (9000, "2.5 h"),
+        (86400 * 3, "3 d"),
+        (-5, "0 s"),
+    ],
+)
+def test_durations_read_as_people_say_them(seconds: float | None, shown: str) -> None:
+    assert _views.duration(seconds) == shown
+
+
+def test_capped_counts_say_plus_at_the_cap() -> None:
+    assert _views.capped(COUNT_CAP - 1) == f"{COUNT_CAP - 1:,}"
+    assert _views.capped(COUNT_CAP) == f"{COUNT_CAP:,}+"
+    assert _views.number(1234567) == "1,234,567"
+
+
+def test_ago_reads_both_ways_by_the_database_clock() -> None:
+    now = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    assert _views.ago(now - timedelta(minutes=3), now) == "3 min ago"
+    assert _views.ago(now + timedelta(seconds=5), now) == "in 5.0 s"
+    assert _views.ago(now, now) == "now"
+    assert _views.ago(None, now) == "-"
+
+
+def test_overview_joins_stats_and_kept_counts_per_kind() -> None:
+    stats = Stats(
+        pending_by_kind={"a": 5},
+        scheduled_by_kind={"a": 2},
+        claimed_by_kind={"b": 1},
+        dead_by_kind={"b": 3},
+        oldest_pending_age_by_kind={"a": 12.5},
+    )
+    counts = {
+        "a": {JobStatus.PENDING: 7, JobStatus.COMPLETED: 40},
+        "b": {JobStatus.CLAIMED: 1, JobStatus.DEAD: 3},
+        "c": {JobStatus.COMPLETED: 2},
+    }
+    finished = Finished(done=9, failed=1, at=datetime(2026, 1, 1, tzinfo=UTC))
+    view = _views.overview(stats, counts, finished)
+    assert [r.kind for r in view.kinds] == ["a", "b", "c"]
+    a, b, c = view.kinds
+    assert (a.ready, a.scheduled, a.running, a.done, a.dead, a.oldest_wait) == (
+        5,
+        2,
+        0,
+        40,
+        0,
+        12.5,
+    )
+    assert (b.running, b.dead, b.oldest_wait) == (1, 3, None)
+    assert c.done == 2
+    assert (view.ready, view.scheduled, view.running, view.dead) == (5, 2, 1, 3)
+    assert view.done_total == 42 and view.oldest_wait == 12.5
+    assert _views.status_totals(counts) == {
+        JobStatus.PENDING: 7,
+        JobStatus.CLAIMED: 1,
+        JobStatus.COMPLETED: 42,
+        JobStatus.DEAD: 3,
+    }
+
+
+def test_long_payloads_are_cut_for_the_page() -> None:
+    shown = _views.pretty({"blob": "x" * (_views.PAYLOAD_SHOWN * 2)})
+    assert len(shown) < _views.PAYLOAD_SHOWN + 100
+    assert shown.endswith("more characters)")
+    assert _views.first_line("boom\ntraceback ...") == "boom"
+    assert _views.pretty({"page": 3}) == '{"page": 3}'
+    assert _views.pretty({"k": "v" * 80}).startswith('{\n  "k"')
+
+
+@pytest.mark.parametrize(
+    ("host", "local"),
+    [
+        ("127.0.0.1:8080", True),
+        ("localhost:8080", True),
+        ("localhost", True),
+        ("[::1]:8080", True),
+        ("127.3.4.5", True),
+        ("evil.example:8080", False),  # a name rebound to 127.0.0.1
+        ("10.0.0.5:8080", False),
+        ("", False),
+        (None, False),
+    ],
+)
+def test_loopback_hosts(host: str | None, local: bool) -> None:
+    assert _guard.is_loopback_host(host) is local
+
+
+def test_loopback_addresses() -> None:
+    assert _guard.is_loopback_address("127.0.0.1")
+    assert _guard.is_loopback_address("::1")
+    assert not _guard.is_loopback_address("192.168.1.2")
+    assert not _guard.is_loopback_address("testclient")
+    assert not _guard.is_loopback_address(None)
+
+
+@pytest.mark.parametrize(
+    ("headers", "same"),
+    [
+        ({"host": "dash.example", "origin": "https://dash.example"}, True),
+        ({"host": "127.0.0.1:8080", "origin": "http://127.0.0.1:8080"}, True),
+        ({"host": "127.0.0.1:8080", "origin": "http://127.0.0.1:9999"}, False),
+        ({"host": "dash.example", "origin": "https://evil.example"}, False),
+        ({"host": "dash.example", "origin": "null"}, False),
+        ({"host": "dash.example", "sec-fetch-site": "same-origin"}, True),
+        ({"host": "dash.example", "sec-fetch-site": "cross-site"}, False),
+        ({"host": "dash.example"}, False),
+    ],
+)
+def test_same_origin(headers: dict[str, str], same: bool) -> None:
+    assert _guard.same_origin(headers) is same
+
+
+def test_the_csrf_token_must_match_the_cookie() -> None:
+    token = _guard.new_token()
+    assert _guard.token_matches(token, token)
+    assert not _guard.token_matches(token, token + "x")
+    assert not _guard.token_matches(None, token)
+    assert not _guard.token_matches(token, None)
+    assert not _guard.token_matches("", "")
+
+
+@pytest.mark.parametrize(
+    ("target", "kept"),
+    [
+        ("/ops/queue/failed?kind=a", True),
+        ("/ops/queue/", True),
+        ("/ops/queue", True),
+        ("https://evil.example/ops/queue/failed", False),
+        ("//evil.example/ops/queue/failed", False),
+        ("/\\evil.example", False),
+        ("/elsewhere", False),
+        ("/ops/queueX/failed", False),
+        (None, False),
+    ],
+)
+def test_an_action_goes_back_only_within_the_dashboard(target: str | None, kept: bool) -> None:
+    back = _app._safe_next(target, "/ops/queue")
+    assert back == (target if kept else None)
