@@ -31,6 +31,7 @@ from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.context import Cancellation, Context, ProgressCell
 from venturi.errors import PayloadError
 from venturi.outcome import Outcome, PanicPolicy, TaskError, failure_note
+from venturi.task import is_encrypted_kind
 
 logger = logging.getLogger(__name__)
 
@@ -128,6 +129,11 @@ async def execute(
         permanent = policy.panic_policy is PanicPolicy.DEAD
         return _failure(job, ctx, policy, exc, started, permanent=permanent)
     unrecordable = functools.partial(_unrecordable, job, policy, duration)
+    if result.result_json is not None and is_encrypted_kind(job.kind):
+        # Results are stored as plain JSON: an encrypted task's must not reach the table.
+        refused = TypeError(f"{job.kind} is an encrypted task: its results are not stored")
+        permanent = policy.panic_policy is PanicPolicy.DEAD
+        return _failure(job, ctx, policy, refused, started, permanent=permanent)
     if result.status == "completed":
         return Settlement.of(
             job,

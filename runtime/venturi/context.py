@@ -17,6 +17,7 @@ from ulid import ULID
 from venturi._storable import encode_json, json_problem
 from venturi.errors import AttachmentTooLarge, ResultTooLarge
 from venturi.jobs import JournalEntry
+from venturi.task import is_encrypted_kind
 
 C = TypeVar("C")
 
@@ -130,8 +131,13 @@ class Context(Generic[C]):
         """Record this run's progress (any JSON value, e.g. `{"done": 42, "of": 100}`),
         readable from `Queue.job(id).progress`. Cheap: kept in memory and written with the
         job's next lease renewal (every third of its lease) and when the run settles; the
-        latest value wins. Raises like `attach` (`ResultTooLarge` past the cap).
+        latest value wins. Raises like `attach` (`ResultTooLarge` past the cap), and a
+        TypeError in an encrypted task (progress is stored as plain JSON).
         """
+        if is_encrypted_kind(self.kind):
+            raise TypeError(
+                f"ctx.progress: {self.kind} is an encrypted task; progress is not stored"
+            )
         self._progress.encoded = encode_json(
             value, what="ctx.progress", cap=PROGRESS_MAX_BYTES, too_large=ResultTooLarge
         ).decode()

@@ -194,3 +194,36 @@ async def test_a_job_that_dies_in_lease_recovery_wakes_its_waiter(
             await waiting
     journal = await store.journal(job_id)
     assert [e.outcome for e in journal] == ["stale_recovered"]
+
+
+@dataclass
+class Secret(Task):
+    KIND = "results.secret"
+    ENCRYPTED = True
+    mode: str
+
+
+async def test_an_encrypted_task_stores_no_plaintext_result_or_progress(
+    store: PostgresStore,
+) -> None:
+    from venturi.encryption import KeyRing, SealedCodec, new_key
+
+    codec = SealedCodec(KeyRing({"k1": new_key()}))
+    queue = Queue(store, codec=codec)
+
+    async def secret(task: Secret, ctx: Context[None], app: Any) -> Outcome:
+        if task.mode == "progress":
+            ctx.progress({"card": "4242"})
+        return Outcome.completed(result={"card": "4242"})
+
+    worker: Worker[None] = Worker(None, store, concurrency=1, backstop=1, codec=codec)
+    worker.register(Secret, secret)
+    with_result = await queue.enqueue(Secret("result"))
+    with_progress = await queue.enqueue(Secret("progress"))
+    async with running(worker):
+        with pytest.raises(JobFailed, match="encrypted task: its results are not stored"):
+            await queue.result(with_result, timeout=60)
+        with pytest.raises(JobFailed, match="encrypted task; progress is not stored"):
+            await queue.result(with_progress, timeout=60)
+    stored = await store._pool_or_raise().fetch(f"SELECT result, progress FROM {store.prefix}_jobs")
+    assert [(r["result"], r["progress"]) for r in stored] == [(None, None), (None, None)]
