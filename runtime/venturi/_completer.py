@@ -76,6 +76,10 @@ class Completer:
         self._closing = False
         self._closed = False
 
+    @property
+    def store(self) -> PostgresStore:
+        return self._store
+
     async def settle(self, settlement: Settlement) -> None:
         """Queue a settlement for the next flush (waits while the buffer is full)."""
         while len(self._buffer) >= MAX_BUFFERED and not self._closed:

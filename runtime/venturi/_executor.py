@@ -35,9 +35,10 @@ from venturi import logs
 from venturi._records import ClaimedJob, Settlement
 from venturi.backoff import Backoff, retry_delay
 from venturi.codec import DEFAULT_CODEC, Codec
-from venturi.context import Cancellation, CancelReason, Context
+from venturi.context import Cancellation, CancelReason, Context, ProgressCell
 from venturi.errors import PayloadError
 from venturi.outcome import Outcome, PanicPolicy, TaskError, failure_note
+from venturi.task import is_encrypted_kind
 
 logger = logging.getLogger(__name__)
 
@@ -76,8 +77,10 @@ async def execute(
     app: Any,
     policy: Policy,
     cancellation: Cancellation,
+    progress: ProgressCell | None = None,
 ) -> Settlement:
-    """Run `job` and return its settlement. A forced abort by venturi becomes a release."""
+    """Run `job` and return its settlement. A forced abort by venturi becomes a release.
+    `progress` is where the run's `ctx.progress` goes (the runner's, for lease renewals)."""
     log_extra = logs.job_fields(job.id, job.kind, job.queue, job.run_count)
     try:
         task = policy.codec.decode(reg.task_type, job.payload, kind=job.kind, job_id=job.id)
@@ -98,6 +101,7 @@ async def execute(
         trace_context=job.trace_context,
         attempt=job.failures + 1,
         max_attempts=attempt_limit(job, policy),
+        progress=progress,
     )
     started = time.monotonic()
     deadline = None if job.timeout_s is None else _Deadline(job, cancellation, log_extra)
@@ -152,6 +156,11 @@ async def execute(
         permanent = policy.panic_policy is PanicPolicy.DEAD
         return _failure(job, ctx, policy, exc, started, permanent=permanent)
     unrecordable = functools.partial(_unrecordable, job, policy, duration)
+    if result.result_json is not None and is_encrypted_kind(job.kind):
+        # Results are stored as plain JSON: an encrypted task's must not reach the table.
+        refused = TypeError(f"{job.kind} is an encrypted task: its results are not stored")
+        permanent = policy.panic_policy is PanicPolicy.DEAD
+        return _failure(job, ctx, policy, refused, started, permanent=permanent)
     if result.status == "completed":
         return Settlement.of(
             job,
@@ -159,6 +168,8 @@ async def execute(
             note=result.note,
             attachment=attachment,
             duration_s=duration,
+            result=result.result_json,
+            progress=ctx.progress_json,
             unrecordable=unrecordable,
         )
     carry_json, carry_error = _encode_carry(policy.codec, ctx)
@@ -173,6 +184,7 @@ async def execute(
         note=result.note,
         attachment=attachment,
         duration_s=duration,
+        progress=ctx.progress_json,
         unrecordable=unrecordable,
     )
 
@@ -284,6 +296,7 @@ def _failure(
         set_carry=carry_json is not None,
         attachment=attachment,
         duration_s=duration,
+        progress=ctx.progress_json,
         unrecordable=functools.partial(_unrecordable, job, policy, duration),
     )
 

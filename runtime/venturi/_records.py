@@ -188,6 +188,10 @@ class Settlement:
     note: str | None = None
     attachment: str | None = None
     duration_s: float | None = None
+    result: str | None = None
+    """A completed run's result, as JSON."""
+    progress: str | None = None
+    """The run's latest progress, as JSON (None: keep what is stored)."""
     unrecordable: Callable[[str], Settlement] | None = None
     """What to write instead if the database refuses this settlement's data: a failed
     execution with the given reason (built by the executor, which knows the job's policy)."""

@@ -55,12 +55,14 @@ class Renewer:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(runner.changed.wait(), min(due, deadline) - now)
                 continue
+            progress = [h.progress.unwritten() for h in held]  # ctx.progress, sent along
             try:
                 owned = await asyncio.wait_for(
                     self._store.renew_leases(
                         [h.job.id for h in held],
                         [h.job.claim_token for h in held],
                         [h.job.lease_s for h in held],
+                        progress,
                     ),
                     max(deadline - now, 0.05),
                 )
@@ -74,8 +76,10 @@ class Renewer:
             self._outage.ok()
             failed_at = None
             delay = 0.0
-            for h in held:
+            for h, sent in zip(held, progress, strict=True):
                 if h.job.id in owned:
                     h.renewed_at = now
+                    if sent is not None:
+                        h.progress.written = sent
                 else:
                     runner.lose(h, "its lease was lost (recovered by another worker)")

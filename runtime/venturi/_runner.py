@@ -20,12 +20,12 @@ from typing import Any
 
 from ulid import ULID
 
-from venturi import logs
+from venturi import _current, logs
 from venturi._completer import Completer
 from venturi._executor import Policy, Registration, execute
 from venturi._hooks import HookSet
 from venturi._records import ClaimedJob, Settlement
-from venturi.context import Cancellation, CancelReason
+from venturi.context import Cancellation, CancelReason, ProgressCell
 from venturi.hooks import Claimed, Finished, Started
 
 logger = logging.getLogger("venturi.worker")
@@ -52,6 +52,8 @@ class Held:
     """Loop time just before the claim or the last renewal was sent (so the lease surely
     lasts until `renewed_at + lease_s` by the database's clock too)."""
     cancellation: Cancellation = field(default_factory=Cancellation)
+    progress: ProgressCell = field(default_factory=ProgressCell)
+    """The run's `ctx.progress`, sent with lease renewals."""
     task: asyncio.Task[None] | None = None
     lost: bool = False
 
@@ -183,8 +185,11 @@ class Runner:
         job = held.job
         loop = asyncio.get_running_loop()
         began = loop.time()
+        _current.run.set(_current.Run(self._completer.store, job))  # this run's task only
         try:
-            settlement = await execute(job, held.reg, self._app, self._policy, held.cancellation)
+            settlement = await execute(
+                job, held.reg, self._app, self._policy, held.cancellation, held.progress
+            )
             self.handler_ewma = _ewma(self.handler_ewma, loop.time() - began)
             self.handler_samples += 1
             if self._hooks.active:

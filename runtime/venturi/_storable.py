@@ -57,6 +57,29 @@ def json_problem(encoded: bytes, value: Any) -> str | None:
     return None  # a msgpack false positive (bytes that look like a float's): all is well
 
 
+_json = msgspec.json.Encoder()
+
+
+def encode_json(value: Any, *, what: str, cap: int, too_large: type[Exception]) -> bytes:
+    """`value` as JSON that stores faithfully and fits `cap` bytes, or the error saying why
+    not: a TypeError (not JSON-serializable), a ValueError (NaN, a NUL, nesting too deep),
+    `too_large` (over the cap). `what` names the call in the message."""
+    try:
+        encoded = _json.encode(value)
+    except (TypeError, msgspec.EncodeError) as exc:
+        raise TypeError(f"{what}: value is not JSON-serializable: {exc}") from None
+    except RecursionError:
+        raise ValueError(f"{what}: value is nested too deeply to encode") from None
+    except (ValueError, OverflowError) as exc:
+        raise ValueError(f"{what}: value cannot be encoded: {exc}") from None
+    problem = json_problem(encoded, value)
+    if problem is not None:
+        raise ValueError(f"{what}: {problem}")
+    if len(encoded) > cap:
+        raise too_large(f"{what}: value is {len(encoded)} bytes of JSON, over the {cap}-byte cap")
+    return encoded
+
+
 _msgpack = msgspec.msgpack.Encoder()
 _NON_FINITE = re.compile(rb"\xcb[\x7f\xff][\xf0-\xff]")
 """A msgpack float64 (0xcb) whose 11 exponent bits are all set: NaN or an infinity."""

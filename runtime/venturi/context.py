@@ -14,16 +14,37 @@ from typing import Any, Generic, TypeVar
 import msgspec
 from ulid import ULID
 
-from venturi._storable import json_problem
-from venturi.errors import AttachmentTooLarge
+from venturi._storable import encode_json, json_problem
+from venturi.errors import AttachmentTooLarge, ResultTooLarge
 from venturi.jobs import JournalEntry
+from venturi.task import is_encrypted_kind
 
 C = TypeVar("C")
 
 ATTACHMENT_MAX_BYTES = 64 * 1024
 """Cap on one run's attachment, as encoded JSON: the journal is history, not storage."""
 
+PROGRESS_MAX_BYTES = 64 * 1024
+"""Cap on a run's progress value, as encoded JSON: it is rewritten with every lease renewal."""
+
 _encoder = msgspec.json.Encoder()
+
+
+class ProgressCell:
+    """The latest progress of one run: set by its `Context`, written by the worker with the
+    next lease renewal and at settle (never a write of its own)."""
+
+    __slots__ = ("encoded", "written")
+
+    def __init__(self) -> None:
+        self.encoded: str | None = None
+        """The latest value, as JSON (None: none reported)."""
+        self.written: str | None = None
+        """The value the database last received (the renewer compares by identity)."""
+
+    def unwritten(self) -> str | None:
+        """The value to send with the next renewal, or None when the database has it."""
+        return None if self.encoded is self.written else self.encoded
 
 
 class CancelReason(enum.StrEnum):
@@ -72,6 +93,7 @@ class Context(Generic[C]):
         "_attachment",
         "_cancellation",
         "attempt",
+        "_progress",
         "carry",
         "history",
         "job_id",
@@ -95,6 +117,7 @@ class Context(Generic[C]):
         trace_context: str | None = None,
         attempt: int = 1,
         max_attempts: int | None = None,
+        progress: ProgressCell | None = None,
     ) -> None:
         self.job_id = job_id
         self.kind = kind
@@ -119,6 +142,27 @@ class Context(Generic[C]):
         reads it."""
         self._cancellation = cancellation
         self._attachment: bytes | None = None
+        self._progress = progress if progress is not None else ProgressCell()
+
+    def progress(self, value: Any) -> None:
+        """Record this run's progress (any JSON value, e.g. `{"done": 42, "of": 100}`),
+        readable from `Queue.job(id).progress`. Cheap: kept in memory and written with the
+        job's next lease renewal (every third of its lease) and when the run settles; the
+        latest value wins. Raises like `attach` (`ResultTooLarge` past the cap), and a
+        TypeError in an encrypted task (progress is stored as plain JSON).
+        """
+        if is_encrypted_kind(self.kind):
+            raise TypeError(
+                f"ctx.progress: {self.kind} is an encrypted task; progress is not stored"
+            )
+        self._progress.encoded = encode_json(
+            value, what="ctx.progress", cap=PROGRESS_MAX_BYTES, too_large=ResultTooLarge
+        ).decode()
+
+    @property
+    def progress_json(self) -> str | None:
+        """The latest progress, as JSON (for the worker)."""
+        return self._progress.encoded
 
     def attach(self, value: Any) -> None:
         """Store a JSON value on this run's journal entry (replacing an earlier one).

@@ -3,6 +3,8 @@
     VenturiError
     ├── PayloadError          (also a ValueError) a task's payload cannot be encoded
     ├── AttachmentTooLarge    (also a ValueError) ctx.attach() got more than the cap
+    ├── ResultTooLarge        (also a ValueError) a result or progress value over its cap
+    ├── JobFailed             Queue.result(): the job failed for good (it is dead)
     ├── DuplicateKindError    (also a ValueError) two task types registered under one KIND
     ├── JobStateError         (also a ValueError) the job is not in a state the call acts on
     ├── JobFailedError        given to failure hooks and reporters when the exception is gone
@@ -26,6 +28,22 @@ class PayloadError(VenturiError, ValueError):
 
 class AttachmentTooLarge(VenturiError, ValueError):
     """`Context.attach` was given a value whose JSON exceeds the attachment cap."""
+
+
+class ResultTooLarge(VenturiError, ValueError):
+    """`Outcome.completed(result=...)` or `Context.progress` was given a value whose JSON
+    exceeds its cap."""
+
+
+class JobFailed(VenturiError):
+    """The job `Queue.result` waited for failed for good (it is dead): no result will come."""
+
+    def __init__(self, message: str, *, job_id: str, error: str | None) -> None:
+        super().__init__(message)
+        self.job_id = job_id
+        """The job's id (a ULID string)."""
+        self.error = error
+        """The job's last error, as its journal recorded it."""
 
 
 class DuplicateKindError(VenturiError, ValueError):

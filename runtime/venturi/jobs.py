@@ -92,6 +92,10 @@ class Job:
     claimed_by: str | None
     claimed_pod: str | None
     last_error: str | None
+    result: Any = None
+    """The JSON value a completed run returned (`Outcome.completed(result=...)`), decoded."""
+    progress: Any = None
+    """The latest `ctx.progress` value the database received (see `Context.progress`)."""
 
 
 @dataclass(frozen=True, slots=True)

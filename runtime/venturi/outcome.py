@@ -2,6 +2,7 @@
 
 return Outcome.completed()                  # done
 return Outcome.completed(note="sent")       # done, with a journal note
+return Outcome.completed(result={"n": 3})   # done, storing a JSON result with the job
 return Outcome.pause_in(30)                 # re-pend with the carry; not a failure
 raise TaskError.retryable("upstream 503")   # retry with backoff (any exception does)
 raise TaskError.permanent("account gone")   # dead at once, no retry
@@ -15,10 +16,14 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
-from venturi._storable import safe_text
+from venturi._storable import encode_json, safe_text
 from venturi.backoff import Seconds, to_seconds
+from venturi.errors import ResultTooLarge
+
+RESULT_MAX_BYTES = 1024 * 1024
+"""Cap on a completed job's stored result, as encoded JSON: results live in the jobs table."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,6 +35,8 @@ class Outcome:
     note: str | None = None
     delay: float = 0.0
     """Seconds until a paused job is eligible again (0 for completed jobs)."""
+    result_json: str | None = None
+    """A completed job's result, encoded as JSON (see `completed(result=...)`)."""
 
     def __post_init__(self) -> None:
         if self.status not in ("completed", "paused"):
@@ -42,11 +49,27 @@ class Outcome:
             object.__setattr__(self, "delay", to_seconds(self.delay, name="pause_in(delay)"))
         elif self.delay != 0.0:
             raise ValueError(f"Outcome.completed has no delay, got {self.delay!r}")
+        if self.result_json is not None and self.status != "completed":
+            raise ValueError("Outcome: only a completed outcome has a result")
 
     @classmethod
-    def completed(cls, note: str | None = None) -> Outcome:
-        """The job is done; `note` goes to this run's journal entry."""
-        return cls("completed", note)
+    def completed(cls, note: str | None = None, *, result: Any = None) -> Outcome:
+        """The job is done; `note` goes to this run's journal entry.
+
+        `result` (any JSON value; None stores nothing) is stored with the job, read back by
+        `Queue.job(id).result` and `await Queue.result(id)`. It is encoded here, so a value
+        that cannot be stored raises at once (a TypeError, a ValueError, or
+        `ResultTooLarge` past `RESULT_MAX_BYTES`) and fails the run, with that message.
+        """
+        if result is None:
+            return cls("completed", note)
+        encoded = encode_json(
+            result,
+            what="Outcome.completed(result=...)",
+            cap=RESULT_MAX_BYTES,
+            too_large=ResultTooLarge,
+        )
+        return cls("completed", note, 0.0, encoded.decode())
 
     @classmethod
     def pause_in(cls, delay: Seconds, note: str | None = None) -> Outcome:

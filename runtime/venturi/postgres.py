@@ -370,6 +370,11 @@ class PostgresStore:
         """The NOTIFY channel: every write that makes a job claimable signals it."""
         return f"{self._prefix}_jobs"
 
+    @property
+    def results_channel(self) -> str:
+        """The NOTIFY channel of awaited jobs that finished (payload: the job's uuid)."""
+        return f"{self._prefix}_results"
+
     async def close(self) -> None:
         """Close the pool if this store opened it. Safe to call twice."""
         if not self._closed:
@@ -740,18 +745,30 @@ class PostgresStore:
             durations_s=[s.duration_s for s in settlements],
             hook_tokens=_column([s.hook_token for s in settlements]),
             hook_lease_s=hook_lease_s,
+            results=_column([s.result for s in settlements]),
+            progress=_column([s.progress for s in settlements]),
             worker=worker,
             channel=self.channel,
+            results_channel=self.results_channel,
             prune=prune,
         )
         return {r["id"] for r in rows}
 
     async def renew_leases(
-        self, ids: Sequence[uuid.UUID], tokens: Sequence[uuid.UUID], lease_s: Sequence[float]
+        self,
+        ids: Sequence[uuid.UUID],
+        tokens: Sequence[uuid.UUID],
+        lease_s: Sequence[float],
+        progress: Sequence[str | None] | None = None,
     ) -> set[uuid.UUID]:
-        """Extend leases; returns the ids still owned (the rest were recovered elsewhere)."""
+        """Extend leases, and store each run's new progress (JSON, None: unchanged); returns
+        the ids still owned (the rest were recovered elsewhere)."""
         rows = await self._run.fetch(
-            self._q["job_renew_leases"], ids=list(ids), tokens=list(tokens), lease_s=list(lease_s)
+            self._q["job_renew_leases"],
+            ids=list(ids),
+            tokens=list(tokens),
+            lease_s=list(lease_s),
+            progress=None if progress is None else _column(list(progress)),
         )
         return {r["id"] for r in rows}
 
@@ -812,6 +829,7 @@ class PostgresStore:
                 hook_lease_s=hook_lease_s,
                 worker=worker,
                 channel=self.channel,
+                results_channel=self.results_channel,
             )
         return [
             Recovered(
@@ -988,6 +1006,27 @@ class PostgresStore:
                     conn.terminate()
                 await release(pool, conn)
 
+    # -- flow control (venturi.flow) -------------------------------------------------
+
+    async def lock_take(self, key: str, job_id: uuid.UUID, token: uuid.UUID) -> uuid.UUID | None:
+        """Take `key` for the run (`job_id`, `token`): None when taken (or already this
+        run's), else the id of the job whose live run holds it."""
+        holder: uuid.UUID | None = await self._run.fetchval(
+            self._q["lock_take"], key=key, job_id=job_id, token=token
+        )
+        return holder
+
+    async def lock_release(self, key: str, job_id: uuid.UUID, token: uuid.UUID) -> None:
+        """Release `key` if the run (`job_id`, `token`) still holds it."""
+        await self._run.execute(self._q["lock_release"], key=key, job_id=job_id, token=token)
+
+    async def rate_take(self, key: str, max_starts: int, per_s: float) -> tuple[bool, float]:
+        """Take one start of `key`'s current window of `per_s` seconds, if fewer than
+        `max_starts` were taken: (taken, seconds until the next window opens)."""
+        row = await self._run.fetchrow(self._q["rate_take"], key=key, max=max_starts, per_s=per_s)
+        assert row is not None  # the statement always returns its one row
+        return row["taken"], row["reopens_in_s"]
+
     # -- operations ------------------------------------------------------------------
 
     @_schema_required
@@ -995,6 +1034,30 @@ class PostgresStore:
         """One job, its payload and carry decoded by `codec` into plain values."""
         row = await self._run.fetchrow(self._q["job_get"], id=_as_uuid(job_id))
         return None if row is None else _job(row, codec)
+
+    @_schema_required
+    async def wait_finished(
+        self, job_id: ULID | uuid.UUID, codec: Codec = DEFAULT_CODEC
+    ) -> Job | None:
+        """`job_id` once it has finished (completed or dead), or None if there is no such job.
+        Waits on the results channel, never polls (bound it with `asyncio.timeout`); holds
+        one pool connection, listening, while it waits."""
+        key = _as_uuid(job_id)
+        done = asyncio.Event()
+
+        def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
+            if payload == str(key):
+                done.set()
+
+        async with self._pool_or_raise().acquire() as conn:
+            await conn.add_listener(self.results_channel, notified)
+            try:
+                stmt = self._q["job_await"]
+                if await conn.fetchval(stmt.text, *stmt.args({"id": key})) is not None:
+                    await done.wait()
+            finally:
+                await conn.remove_listener(self.results_channel, notified)
+        return await self.get_job(key, codec)
 
     @_schema_required
     async def list_jobs(self, f: JobFilter, codec: Codec = DEFAULT_CODEC) -> list[Job]:
@@ -1302,6 +1365,8 @@ def _job(row: asyncpg.Record, codec: Codec) -> Job:
         claimed_by=row["claimed_by"],
         claimed_pod=row["claimed_pod"],
         last_error=row["last_error"],
+        result=_decoded(row["result"], codec),
+        progress=_decoded(row["progress"], codec),
     )
 
 
@@ -1319,6 +1384,8 @@ def _due_hook(r: asyncpg.Record) -> DueHook:
         failed_at=r["finished_at"],
         history=_history(r["history"]),
     )
+def _decoded(text: str | None, codec: Codec) -> Any:
+    return None if text is None else codec.decode_any(text)
 
 
 def _journal(rows: Sequence[asyncpg.Record]) -> tuple[JournalEntry, ...]:

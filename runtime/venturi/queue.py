@@ -11,6 +11,7 @@ async with conn.transaction():                 # the caller's connection and tra
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import threading
@@ -34,7 +35,7 @@ from venturi._settings import (
 from venturi.backoff import MAX_DELAY, Backoff, Seconds, to_seconds
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.encryption import SealedCodec
-from venturi.errors import JobStateError, PayloadError
+from venturi.errors import JobFailed, JobStateError, PayloadError
 from venturi.hooks import Enqueued, EnqueueTracer, Hooks
 from venturi.jobs import (
     CleanupCriteria,
@@ -396,6 +397,29 @@ class Queue:
     async def job(self, job_id: ULID) -> Job | None:
         """The stored job, or None if there is no such job (or it was cleaned up)."""
         return await self.store.get_job(job_id, self.codec)
+
+    async def result(self, job_id: ULID, *, timeout: Seconds) -> Any:  # noqa: ASYNC109
+        """Wait until the job finishes and return its result (`Outcome.completed(result=...)`,
+        None if it returned none), without polling: the settle that finishes an awaited job
+        notifies (see `PostgresStore.wait_finished`, which holds one pool connection while
+        it waits).
+
+        Raises `TimeoutError` after `timeout` (seconds, or a timedelta) if it has not
+        finished, `JobFailed` if it failed for good (dead), and `LookupError` if there is no
+        such job (or it was cleaned up).
+        """
+        wait = to_seconds(timeout, name="result(timeout)")
+        async with asyncio.timeout(wait):
+            job = await self.store.wait_finished(job_id, self.codec)
+        if job is None:
+            raise LookupError(f"result({job_id}): no such job")
+        if job.status is JobStatus.DEAD:
+            raise JobFailed(
+                f"job {job.id} ({job.kind}) failed for good: {job.last_error}",
+                job_id=str(job.id),
+                error=job.last_error,
+            )
+        return job.result
 
     async def jobs(self, filter: JobFilter | None = None) -> list[Job]:
         """Jobs matching `filter` (all by default), newest first, at most `filter.limit`."""

@@ -228,12 +228,14 @@ class Worker(Generic[AppT]):
         handler: Callable[[T, Context[Any], AppT], Awaitable[Outcome | None]] | None = None,
         *,
         cap: int | None = None,
+        middleware: Sequence[Middleware] = (),
     ) -> None:
         """Teach the worker a task type, and add its KIND to what this worker claims.
 
         `handler(task, ctx, app)` returns an `Outcome` (or None for completed) or raises;
         without one, the task class's own `handle(self, ctx, app)` method is used. `cap`
-        bounds how many jobs of this kind run at once in this worker.
+        bounds how many jobs of this kind run at once in this worker. `middleware` wraps
+        this kind's runs only, inside the worker's own (e.g. `venturi.flow`'s limits).
         """
         kind = kind_of(task_type)
         if task_type.ENCRYPTED and not getattr(self.policy.codec, "seals", False):
@@ -260,7 +262,10 @@ class Worker(Generic[AppT]):
             )
         if self._started:
             raise RuntimeError("register() must be called before run()")
-        call = compose(self.middleware, handler)
+        for mw in middleware:
+            if not callable(mw):
+                raise TypeError(f"register(middleware): expected async callables, got {mw!r}")
+        call = compose((*self.middleware, *middleware), handler)
         self._registry[kind] = Registration(task_type, kind, call, carry_type_of(task_type), cap)
 
     @property

@@ -68,6 +68,8 @@ class Fleet:
     args: list[str] = field(default_factory=list)
     wrapper: list[str] = field(default_factory=list)
     """A command to run the worker under (e.g. `ip netns exec NS`)."""
+    module: str = "tests.faults.worker"
+    """The worker program (`python -m MODULE --dsn ... --prefix ... --runs-dir ...`)."""
     procs: list[Proc] = field(default_factory=list)
     kills: dict[int, float] = field(default_factory=dict)
     """pid -> time.time() of its SIGKILL."""
@@ -83,7 +85,7 @@ class Fleet:
                 *self.wrapper,
                 sys.executable,
                 "-m",
-                "tests.faults.worker",
+                self.module,
                 "--dsn",
                 dsn or self.dsn,
                 "--prefix",
@@ -150,9 +152,14 @@ class Fleet:
 
 @asynccontextmanager
 async def fleet(
-    dsn: str, prefix: str, runs_dir: Path, args: Sequence[str] = (), wrapper: Sequence[str] = ()
+    dsn: str,
+    prefix: str,
+    runs_dir: Path,
+    args: Sequence[str] = (),
+    wrapper: Sequence[str] = (),
+    module: str = "tests.faults.worker",
 ) -> AsyncIterator[Fleet]:
-    f = Fleet(dsn, prefix, runs_dir, list(args), list(wrapper))
+    f = Fleet(dsn, prefix, runs_dir, list(args), list(wrapper), module=module)
     try:
         yield f
     finally:

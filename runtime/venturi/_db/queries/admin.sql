@@ -5,14 +5,16 @@
 -- One job by id.
 SELECT id, kind, queue, status, priority, run_at, created_at, finished_at,
        payload::text AS payload, carry::text AS carry,
-       run_count, failures, claimed_at, lease_until, claimed_by, claimed_pod, last_error
+       run_count, failures, claimed_at, lease_until, claimed_by, claimed_pod, last_error,
+       result::text AS result, progress::text AS progress
 FROM {prefix}_jobs WHERE id = :id;
 
 -- job_list --
 -- Jobs matching optional filters (NULL = any), newest first, keyset-paginated by id.
 SELECT id, kind, queue, status, priority, run_at, created_at, finished_at,
        payload::text AS payload, carry::text AS carry,
-       run_count, failures, claimed_at, lease_until, claimed_by, claimed_pod, last_error
+       run_count, failures, claimed_at, lease_until, claimed_by, claimed_pod, last_error,
+       result::text AS result, progress::text AS progress
 FROM {prefix}_jobs
 WHERE (:status::text IS NULL OR status = :status)
   AND (:kind::text IS NULL OR kind = :kind)

@@ -86,9 +86,10 @@ FROM {prefix}_claim_v3(:queues, :kinds, :skip_kinds, :n, :reserved_low, :reserve
 WITH s AS (
     SELECT * FROM unnest(:ids::uuid[], :tokens::uuid[], :outcomes::text[], :delay_s::float8[],
                          :carries::text[], :set_carry::bool[], :notes::text[],
-                         :attachments::text[], :durations_s::float8[], :hook_tokens::uuid[])
+                         :attachments::text[], :durations_s::float8[], :hook_tokens::uuid[],
+                         :results::text[], :progress::text[])
         AS s(id, token, outcome, delay_s, carry, set_carry, note, attachment, duration_s,
-             hook_token)
+             hook_token, result, progress)
 ), settled AS (
     UPDATE {prefix}_jobs AS j SET
         status = CASE WHEN s.outcome IN ('completed', 'dead') THEN s.outcome ELSE 'pending' END,
@@ -101,6 +102,9 @@ WITH s AS (
         failures = j.failures + CASE WHEN s.outcome IN ('failed', 'dead') THEN 1 ELSE 0 END,
         run_count = j.run_count - CASE WHEN s.outcome = 'returned' THEN 1 ELSE 0 END,
         last_error = CASE WHEN s.outcome IN ('failed', 'dead') THEN s.note ELSE j.last_error END,
+        -- Sent as NULL arrays by batches without results or progress (most of them).
+        result = coalesce(s.result::jsonb, j.result),
+        progress = coalesce(s.progress::jsonb, j.progress),
         claim_token = NULL,
         lease_until = NULL,
         -- A unique job that finished lets go of its unique id.
@@ -112,7 +116,7 @@ WITH s AS (
                                 ELSE j.hook_lease_until END
     FROM s
     WHERE j.id = s.id AND j.claim_token = s.token
-    RETURNING j.id, j.kind, j.queue, j.run_count, j.status,
+    RETURNING j.id, j.kind, j.queue, j.run_count, j.status, j.awaited,
               s.outcome, s.note, s.attachment, s.duration_s
 ), journal AS (
     INSERT INTO {prefix}_journal (job_id, run, outcome, note, attachment, duration_s, worker)
@@ -139,15 +143,23 @@ WITH s AS (
 ), woken AS (
     SELECT pg_notify(:channel, kind) FROM (SELECT DISTINCT kind FROM settled
                                            WHERE status = 'pending') AS kinds
+), finished AS (  -- only jobs a `Queue.result` waits for (see job_await)
+    SELECT pg_notify(:results_channel, id::text) FROM settled
+    WHERE awaited AND status IN ('completed', 'dead')
 )
-SELECT settled.id, (SELECT count(*) FROM woken) AS woken FROM settled;
+SELECT settled.id, (SELECT count(*) FROM woken) + (SELECT count(*) FROM finished) AS woken
+FROM settled;
 
 -- job_renew_leases --
 -- Extend the leases of jobs whose handlers are alive. Returns the jobs still owned; a job
 -- missing from the result was recovered elsewhere and must not be settled by this worker.
+-- :progress carries each run's latest `ctx.progress` (NULL: unchanged; the whole array is
+-- NULL when no run reported any).
 UPDATE {prefix}_jobs AS j
-SET lease_until = now() + make_interval(secs => r.lease_s)
-FROM unnest(:ids::uuid[], :tokens::uuid[], :lease_s::float8[]) AS r(id, token, lease_s)
+SET lease_until = now() + make_interval(secs => r.lease_s),
+    progress = coalesce(r.progress::jsonb, j.progress)
+FROM unnest(:ids::uuid[], :tokens::uuid[], :lease_s::float8[], :progress::text[])
+    AS r(id, token, lease_s, progress)
 WHERE j.id = r.id AND j.claim_token = r.token  -- id and token only: see job_settle_many
 RETURNING j.id;
 

@@ -37,7 +37,7 @@ WITH r AS (
                                 ELSE j.hook_lease_until END
     FROM r
     WHERE j.id = r.id AND j.claim_token = r.token  -- still the claim that expired (see settle)
-    RETURNING j.id, j.kind, j.queue, j.run_count, j.status, r.note, r.hook_token
+    RETURNING j.id, j.kind, j.queue, j.run_count, j.status, j.awaited, r.note, r.hook_token
 ), journal AS (
     INSERT INTO {prefix}_journal (job_id, run, outcome, note, worker)
     SELECT id, run_count, 'stale_recovered', note, :worker FROM recovered
@@ -52,9 +52,13 @@ WITH r AS (
 ), woken AS (
     SELECT pg_notify(:channel, kind) FROM (SELECT DISTINCT kind FROM recovered
                                            WHERE status = 'pending') AS kinds
+), finished AS (  -- a dead job a `Queue.result` waits for (see job_await)
+    SELECT pg_notify(:results_channel, id::text) FROM recovered
+    WHERE awaited AND status = 'dead'
 )
 SELECT recovered.id, recovered.kind, recovered.queue, recovered.run_count, recovered.status,
-       recovered.note, recovered.hook_token, (SELECT count(*) FROM woken) AS woken
+       recovered.note, recovered.hook_token,
+       (SELECT count(*) FROM woken) + (SELECT count(*) FROM finished) AS woken
 FROM recovered;
 
 -- lease_next_expiry --

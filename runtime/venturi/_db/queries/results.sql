@@ -1,0 +1,9 @@
+-- Stored results (venturi.queue.Queue.result): waiting for a job's end without polling.
+
+-- job_await --
+-- Mark :id as awaited, if it has not finished, so that its settle or recovery notifies the
+-- results channel with its id. Returns its status when marked (NULL: finished, or no such
+-- job). Run after LISTEN on the channel: a job that finishes once marked always notifies.
+UPDATE {prefix}_jobs SET awaited = true
+WHERE id = :id AND status IN ('pending', 'claimed')
+RETURNING status;
