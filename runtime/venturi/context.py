@@ -92,8 +92,8 @@ class Context(Generic[C]):
     __slots__ = (
         "_attachment",
         "_cancellation",
-        "attempt",
         "_progress",
+        "attempt",
         "carry",
         "history",
         "job_id",

@@ -1384,6 +1384,8 @@ def _due_hook(r: asyncpg.Record) -> DueHook:
         failed_at=r["finished_at"],
         history=_history(r["history"]),
     )
+
+
 def _decoded(text: str | None, codec: Codec) -> Any:
     return None if text is None else codec.decode_any(text)
 
