@@ -31,6 +31,7 @@ from venturi.middleware import CallNext, Middleware
 from venturi.outcome import Outcome, PanicPolicy, TaskError
 from venturi.postgres import PostgresStore
 from venturi.queue import Queue
+from venturi.schedules import Missed, Overlap, Schedule, ScheduleInfo
 from venturi.task import Priority, Task
 from venturi.worker import Worker
 
@@ -56,13 +57,17 @@ __all__ = [
     "KeyRing",
     "Merge",
     "Middleware",
+    "Missed",
     "Outcome",
+    "Overlap",
     "PanicPolicy",
     "PayloadError",
     "Pending",
     "PostgresStore",
     "Priority",
     "Queue",
+    "Schedule",
+    "ScheduleInfo",
     "SchemaError",
     "SealedCodec",
     "Stats",

@@ -49,6 +49,7 @@ from venturi.errors import SchemaError
 from venturi.jobs import CleanupCriteria, Job, JobFilter, JobStatus, JournalEntry, Stats
 from venturi.postgres import DEFAULT_PREFIX, PostgresStore
 from venturi.queue import Queue
+from venturi.schedules import ScheduleInfo
 from venturi.worker import Worker
 
 _DURATION = re.compile(r"(?P<n>\d+(?:\.\d+)?)(?P<unit>s|m|h|d|w)")
@@ -150,6 +151,7 @@ def _parser() -> argparse.ArgumentParser:
     )
 
     sub.add_parser("stats", parents=[common], help="live counts by kind")
+    sub.add_parser("schedules", parents=[common], help="periodic schedules and their next run")
 
     jobs = sub.add_parser("jobs", parents=[common], help="list jobs, newest first")
     jobs.add_argument("--status", choices=[s.value for s in JobStatus])
@@ -272,6 +274,13 @@ async def _run(args: argparse.Namespace) -> int:
         elif args.command == "stats":
             stats = await queue.stats()
             _out(args, _stats_json(stats), _stats_text(stats))
+        elif args.command == "schedules":
+            found_schedules = await queue.schedules()
+            _out(
+                args,
+                [_schedule_json(s) for s in found_schedules],
+                _schedules_text(found_schedules),
+            )
         elif args.command == "jobs":
             found = await queue.jobs(
                 JobFilter(
@@ -454,6 +463,40 @@ def _stats_text(s: Stats) -> str:
                 str(s.claimed_by_kind.get(k, 0)),
                 str(s.dead_by_kind.get(k, 0)),
                 _age(age),
+            )
+        )
+    return _table(rows)
+
+
+def _schedule_json(s: ScheduleInfo) -> dict[str, Any]:
+    return {
+        "name": s.name,
+        "spec": s.spec,
+        "kind": s.kind,
+        "last_tick": s.last_tick.isoformat(),
+        "next_tick": s.next_tick.isoformat(),
+        "last_job": None if s.last_job is None else str(s.last_job),
+        "enqueued": s.enqueued,
+        "skipped": s.skipped,
+        "seen_at": s.seen_at.isoformat(),
+        "seen_by": s.seen_by,
+    }
+
+
+def _schedules_text(found: list[ScheduleInfo]) -> str:
+    if not found:
+        return "no schedules (a worker records its schedules when it starts)"
+    rows = [("NAME", "SPEC", "KIND", "NEXT RUN (UTC)", "LAST TICK", "ENQUEUED", "SKIPPED")]
+    for s in found:
+        rows.append(
+            (
+                s.name,
+                s.spec,
+                s.kind or "-",
+                f"{s.next_tick:%Y-%m-%d %H:%M:%S}",
+                f"{s.last_tick:%Y-%m-%d %H:%M:%S}",
+                str(s.enqueued),
+                str(s.skipped),
             )
         )
     return _table(rows)

@@ -53,6 +53,7 @@ from venturi.jobs import (
     JournalOutcome,
     Stats,
 )
+from venturi.schedules import ScheduleInfo
 
 DEFAULT_PREFIX = "venturi"
 
@@ -843,6 +844,26 @@ class PostgresStore:
             oldest_pending_age_by_kind=oldest,
             completed_by_kind=completed,
         )
+
+    @_schema_required
+    async def schedules(self) -> list[ScheduleInfo]:
+        """Every schedule recorded by a worker that runs it, by name."""
+        rows = await self._run.fetch(self._q["schedule_list"])
+        return [
+            ScheduleInfo(
+                name=r["name"],
+                spec=r["spec"],
+                kind=r["kind"],
+                last_tick=r["last_tick"],
+                next_tick=r["next_tick"],
+                last_job=None if r["last_job"] is None else ULID.from_bytes(r["last_job"].bytes),
+                enqueued=r["enqueued"],
+                skipped=r["skipped"],
+                seen_at=r["seen_at"],
+                seen_by=r["seen_by"],
+            )
+            for r in rows
+        ]
 
     @_schema_required
     async def claimed_by_pod(self) -> dict[str, int]:

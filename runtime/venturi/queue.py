@@ -33,6 +33,7 @@ from venturi.hooks import Enqueued, Hooks
 from venturi.jobs import CleanupCriteria, Job, JobFilter, JobStatus, JournalEntry, Stats
 from venturi.merge import DedupKey, Merge, MergeAction, Pending
 from venturi.postgres import Connection, PostgresStore
+from venturi.schedules import ScheduleInfo
 from venturi.task import Priority, Task, carry_type_of, kind_of
 
 logger = logging.getLogger(__name__)
@@ -334,6 +335,11 @@ class Queue:
         """Live counts by kind: pending (eligible), scheduled, claimed, dead, completed, oldest
         age."""
         return await self.store.stats()
+
+    async def schedules(self) -> list[ScheduleInfo]:
+        """The periodic schedules workers run (as recorded in the database), with each one's
+        last and next tick and how many ticks it enqueued and skipped."""
+        return await self.store.schedules()
 
     async def claimed_by_pod(self) -> dict[str, int]:
         """Claimed jobs per pod name (the worker's `WorkerIdentity.pod`), busy pods only; jobs

@@ -37,6 +37,7 @@ from venturi._records import Settlement
 from venturi._renewer import Renewer
 from venturi._rescuer import Rescuer
 from venturi._runner import Runner
+from venturi._scheduler import Scheduler
 from venturi._settings import DEFAULT_QUEUE, check_queue_name, worker_settings
 from venturi.backoff import DEFAULT_BACKOFF, Backoff, Seconds, to_seconds
 from venturi.codec import DEFAULT_CODEC, Codec
@@ -47,6 +48,7 @@ from venturi.identity import WorkerIdentity
 from venturi.middleware import Middleware, compose
 from venturi.outcome import Outcome, PanicPolicy
 from venturi.postgres import PostgresStore
+from venturi.schedules import Schedule
 from venturi.task import Task, carry_type_of, kind_of
 
 logger = logging.getLogger(__name__)
@@ -96,6 +98,8 @@ class Worker(Generic[AppT]):
     - `metrics`: record Prometheus metrics (needs `venturi[metrics]`); `metrics_port`
       also serves them on /metrics from this process, on `metrics_host` (all interfaces
       inside a Kubernetes pod, 127.0.0.1 elsewhere).
+    - `schedules`: periodic tasks this worker enqueues (venturi.schedules); any number of
+      workers may run the same schedules, each tick is enqueued once.
     - `prefetch`: while handlers run shorter than a claim's round trip, claim up to one
       batch ahead so slots never wait on the database (True); never for capped kinds.
     - `codec`: how payloads and carries decode (JSON); the queue's producers use the same.
@@ -125,6 +129,7 @@ class Worker(Generic[AppT]):
         metrics_host: str | None = None,  # all interfaces in a pod, else 127.0.0.1
         prefetch: bool = True,
         codec: Codec = DEFAULT_CODEC,
+        schedules: Sequence[Schedule] = (),
     ) -> None:
         if concurrency is None:
             concurrency = default_concurrency()
@@ -143,6 +148,7 @@ class Worker(Generic[AppT]):
             metrics_port=metrics_port,
             metrics_host=metrics_host,
         )
+        self.schedules = _schedules(schedules)
         for mw in middleware:
             if not callable(mw):
                 raise TypeError(f"middleware: expected async callables, got {mw!r}")
@@ -329,6 +335,7 @@ class Worker(Generic[AppT]):
         )
         background = [
             asyncio.create_task(completer.run(), name="venturi-completer"),
+            *self._scheduler_tasks(identity),
             asyncio.create_task(self.notifier.run(), name="venturi-notifier"),
             asyncio.create_task(rescuer.run(), name="venturi-rescuer"),
             asyncio.create_task(
@@ -394,6 +401,20 @@ class Worker(Generic[AppT]):
                 dict(self._settled),
             )
 
+    def _scheduler_tasks(self, identity: str) -> list[asyncio.Task[None]]:
+        if not self.schedules:
+            return []
+        scheduler = Scheduler(
+            self.store,
+            self.schedules,
+            queue=self.queues[0],
+            worker=identity,
+            codec=self.policy.codec,
+            poll_max=self.poll_max,
+            outage=self._outage,
+        )
+        return [asyncio.create_task(scheduler.run(), name="venturi-scheduler")]
+
     async def _check_schema(self) -> None:
         """`store.check_schema()`, waiting out a database that is not up yet; an error that
         waiting cannot mend (credentials, a missing database, a schema mismatch) raises."""
@@ -458,6 +479,19 @@ def _limits(once: bool, stop_when_empty: bool, max_jobs: int | None) -> RunLimit
     ):
         raise ValueError(f"max_jobs: expected an int >= 1, got {max_jobs!r}")
     return RunLimits(once=once, stop_when_empty=stop_when_empty, max_jobs=max_jobs)
+
+
+def _schedules(schedules: Sequence[Schedule]) -> tuple[Schedule, ...]:
+    if isinstance(schedules, Schedule) or not isinstance(schedules, Sequence):
+        raise TypeError(f"schedules: expected a list of Schedule, got {schedules!r:.80}")
+    names: set[str] = set()
+    for s in schedules:
+        if not isinstance(s, Schedule):
+            raise TypeError(f"schedules: expected Schedule objects, got {s!r:.80}")
+        if s.name in names:
+            raise ValueError(f"schedules: the name {s.name!r} is used twice")
+        names.add(s.name)
+    return tuple(schedules)
 
 
 def _queues(queue: str | None, queues: Sequence[str] | None) -> tuple[str, ...]:
