@@ -352,6 +352,24 @@ class PostgresStore:
 
     # -- producing -------------------------------------------------------------------
 
+    async def insert_chain(self, jobs: NewJobs) -> None:
+        """Insert a chain's jobs, in order, each waiting for the one before it: on the
+        caller's connection (inside its transaction), else in a transaction of its own."""
+        ids = [_as_uuid(i) for i in jobs.ids]
+        link = {
+            "ids": ids,
+            "nexts": [*ids[1:], None],
+            "waits": [False] + [True] * (len(ids) - 1),
+        }
+        if self._conn is not None:
+            await self.insert(jobs)
+            await self._run.execute(self._q["chain_link"], **link)
+            return
+        async with self._pool_or_raise().acquire() as conn, conn.transaction():
+            tx = self.using(conn)
+            await tx.insert(jobs)
+            await tx._run.execute(tx._q["chain_link"], **link)
+
     async def insert(self, jobs: NewJobs) -> None:
         """Insert a batch of jobs of one named queue in one statement (one round trip), and
         wake listeners (at commit). Every enqueue comes here, a single one as a batch of one

@@ -275,6 +275,31 @@ class Queue:
         logger.debug("enqueued %d jobs", len(jobs))
         return ids
 
+    async def chain(
+        self,
+        *tasks: Task[Any],
+        priority: Priority | None = None,
+        conn: Connection | None = None,
+    ) -> list[ULID]:
+        """Store `tasks` as a chain: each starts only after the one before it completes
+        (the release happens in the transaction that completes it). Returns their ids in
+        order. If a link fails for good, the rest wait (status WAITING); retrying the failed
+        link resumes the chain there. `conn=` runs it in the caller's transaction."""
+        if not tasks:
+            raise ValueError("chain: expected at least one task")
+        jobs = [self._new_job(t, priority=priority) for t in tasks]
+        for task, job in zip(tasks, jobs, strict=True):
+            if job.dedup_key is not None:
+                raise ValueError(
+                    f"chain: {type(task).__qualname__} has a dedup key; a chain's links cannot "
+                    "merge into other jobs"
+                )
+        await self._store_for(conn, False).insert_chain(NewJobs.of(jobs))
+        if self.hooks.active:
+            for j in jobs:
+                self.hooks.enqueued(Enqueued(j.id, j.kind, j.queue))
+        return [j.id for j in jobs]
+
     async def job(self, job_id: ULID) -> Job | None:
         """The stored job, or None if there is no such job (or it was cleaned up)."""
         return await self.store.get_job(job_id, self.codec)
