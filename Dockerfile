@@ -25,7 +25,7 @@ COPY operator ./operator
 # The same install the tests run (scripts/test), without the dev extra and not editable.
 # pip compiles the bytecode here, so the read-only image never needs to write it. pip and
 # setuptools are not needed at run time: they leave the final image.
-RUN /opt/venturi/bin/python -m pip install '.[operator,metrics,encryption]' \
+RUN /opt/venturi/bin/python -m pip install '.[operator,metrics,encryption,schedules]' \
  && /opt/venturi/bin/python -m pip uninstall --yes pip setuptools \
  && /opt/venturi/bin/venturi --help >/dev/null \
  && /opt/venturi/bin/venturi-operator --help >/dev/null

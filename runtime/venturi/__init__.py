@@ -40,6 +40,7 @@ from venturi.pauses import QueueState
 from venturi.postgres import PostgresStore
 from venturi.queue import Queue
 from venturi.registry import WorkerInfo
+from venturi.schedules import Missed, Overlap, Schedule, ScheduleInfo
 from venturi.task import Priority, Task
 from venturi.worker import Worker
 
@@ -70,7 +71,9 @@ __all__ = [
     "Merge",
     "Middleware",
     "MinuteCounts",
+    "Missed",
     "Outcome",
+    "Overlap",
     "PanicPolicy",
     "PayloadError",
     "Pending",
@@ -81,6 +84,8 @@ __all__ = [
     "QueueStats",
     "ResultTooLarge",
     "Retention",
+    "Schedule",
+    "ScheduleInfo",
     "SchemaError",
     "SealedCodec",
     "Stats",

@@ -56,6 +56,7 @@ from venturi.pauses import QueueState
 from venturi.postgres import DEFAULT_PREFIX, POOLERS, PostgresStore
 from venturi.queue import Queue
 from venturi.registry import WorkerInfo
+from venturi.schedules import ScheduleInfo
 from venturi.worker import Worker
 
 _DURATION = re.compile(r"(?P<n>\d+(?:\.\d+)?)(?P<unit>s|m|h|d|w)")
@@ -194,6 +195,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser(
         "workers", parents=[common], help="the running workers, and pending kinds none serves"
     )
+    sub.add_parser("schedules", parents=[common], help="periodic schedules and their next run")
 
     jobs = sub.add_parser("jobs", parents=[common], help="list jobs, newest first")
     jobs.add_argument("--status", choices=[s.value for s in JobStatus])
@@ -360,6 +362,13 @@ async def _run(args: argparse.Namespace) -> int:
                 args,
                 {"workers": [_worker_json(w) for w in workers], "unserved_kinds": unserved},
                 _workers_text(workers, unserved),
+            )
+        elif args.command == "schedules":
+            found_schedules = await queue.schedules()
+            _out(
+                args,
+                [_schedule_json(s) for s in found_schedules],
+                _schedules_text(found_schedules),
             )
         elif args.command == "jobs":
             found = await queue.jobs(
@@ -719,6 +728,40 @@ def _workers_text(workers: list[WorkerInfo], unserved: dict[str, list[str]]) -> 
     for queue, kinds in sorted(unserved.items()):
         lines.append(f"queue {queue}: pending kinds no live worker serves: {', '.join(kinds)}")
     return "\n".join(lines)
+
+
+def _schedule_json(s: ScheduleInfo) -> dict[str, Any]:
+    return {
+        "name": s.name,
+        "spec": s.spec,
+        "kind": s.kind,
+        "last_tick": s.last_tick.isoformat(),
+        "next_tick": s.next_tick.isoformat(),
+        "last_job": None if s.last_job is None else str(s.last_job),
+        "enqueued": s.enqueued,
+        "skipped": s.skipped,
+        "seen_at": s.seen_at.isoformat(),
+        "seen_by": s.seen_by,
+    }
+
+
+def _schedules_text(found: list[ScheduleInfo]) -> str:
+    if not found:
+        return "no schedules (a worker records its schedules when it starts)"
+    rows = [("NAME", "SPEC", "KIND", "NEXT RUN (UTC)", "LAST TICK", "ENQUEUED", "SKIPPED")]
+    for s in found:
+        rows.append(
+            (
+                s.name,
+                s.spec,
+                s.kind or "-",
+                f"{s.next_tick:%Y-%m-%d %H:%M:%S}",
+                f"{s.last_tick:%Y-%m-%d %H:%M:%S}",
+                str(s.enqueued),
+                str(s.skipped),
+            )
+        )
+    return _table(rows)
 
 
 def _age(seconds: float | None) -> str:

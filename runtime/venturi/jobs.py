@@ -25,6 +25,8 @@ class JobStatus(enum.StrEnum):
     """Done (terminal)."""
     DEAD = "dead"
     """Failed for good (terminal): a permanent error, the backstop, or a bad payload."""
+    WAITING = "waiting"
+    """A chain's link, waiting for the link before it to complete (`Queue.chain`)."""
 
 
 class JournalOutcome(enum.StrEnum):

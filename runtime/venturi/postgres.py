@@ -62,6 +62,7 @@ from venturi.jobs import (
 )
 from venturi.pauses import QueueState
 from venturi.registry import WorkerInfo
+from venturi.schedules import ScheduleInfo
 
 DEFAULT_PREFIX = "venturi"
 DEFAULT_HOOK_LEASE_S = 15 * 60.0
@@ -465,6 +466,24 @@ class PostgresStore:
         )
 
     # -- producing -------------------------------------------------------------------
+
+    async def insert_chain(self, jobs: NewJobs) -> None:
+        """Insert a chain's jobs, in order, each waiting for the one before it: on the
+        caller's connection (inside its transaction), else in a transaction of its own."""
+        ids = [_as_uuid(i) for i in jobs.ids]
+        link = {
+            "ids": ids,
+            "nexts": [*ids[1:], None],
+            "waits": [False] + [True] * (len(ids) - 1),
+        }
+        if self._conn is not None:
+            await self.insert(jobs)
+            await self._run.execute(self._q["chain_link"], **link)
+            return
+        async with self._pool_or_raise().acquire() as conn, conn.transaction():
+            tx = self.using(conn)
+            await tx.insert(jobs)
+            await tx._run.execute(tx._q["chain_link"], **link)
 
     async def insert(self, jobs: NewJobs) -> None:
         """Insert a batch of jobs (of one named queue, or of several) in one statement (one
@@ -1196,6 +1215,26 @@ class PostgresStore:
     async def unserved_kinds(self) -> dict[str, list[str]]:
         """Queue -> pending KINDs that no live worker serving that queue registers."""
         return await self.registry.unserved_kinds()
+
+    @_schema_required
+    async def schedules(self) -> list[ScheduleInfo]:
+        """Every schedule recorded by a worker that runs it, by name."""
+        rows = await self._run.fetch(self._q["schedule_list"])
+        return [
+            ScheduleInfo(
+                name=r["name"],
+                spec=r["spec"],
+                kind=r["kind"],
+                last_tick=r["last_tick"],
+                next_tick=r["next_tick"],
+                last_job=None if r["last_job"] is None else ULID.from_bytes(r["last_job"].bytes),
+                enqueued=r["enqueued"],
+                skipped=r["skipped"],
+                seen_at=r["seen_at"],
+                seen_by=r["seen_by"],
+            )
+            for r in rows
+        ]
 
     @_schema_required
     async def claimed_by_pod(self) -> dict[str, int]:

@@ -51,6 +51,7 @@ from venturi.merge import DEDUP_KEY_MAX_BYTES, DedupKey, Merge, MergeAction, Pen
 from venturi.pauses import QueueState, check_reason, check_until
 from venturi.postgres import Connection, PostgresStore
 from venturi.registry import WorkerInfo
+from venturi.schedules import ScheduleInfo
 from venturi.task import KIND_PATTERN, Priority, Task, carry_type_of, kind_of
 
 logger = logging.getLogger(__name__)
@@ -394,6 +395,34 @@ class Queue:
         logger.debug("enqueued %d jobs", len(jobs))
         return ids
 
+    async def chain(
+        self,
+        *tasks: Task[Any],
+        priority: Priority | None = None,
+        queue: str | None = None,
+        conn: Connection | None = None,
+    ) -> list[ULID]:
+        """Store `tasks` as a chain: each starts only after the one before it completes
+        (the release happens in the transaction that completes it). Returns their ids in
+        order. If a link fails for good, the rest wait (status WAITING); retrying the failed
+        link resumes the chain there. `queue=` as for `enqueue` (each link's own `QUEUE`
+        otherwise); `conn=` runs it in the caller's transaction."""
+        if not tasks:
+            raise ValueError("chain: expected at least one task")
+        called = _call_queue(queue)
+        jobs = [self._new_job(t, priority=priority, queue=called) for t in tasks]
+        for task, job in zip(tasks, jobs, strict=True):
+            if job.dedup_key is not None or job.unique_key is not None:
+                raise ValueError(
+                    f"chain: {type(task).__qualname__} has a dedup key or a unique id; a "
+                    "chain's links cannot merge into other jobs"
+                )
+        await self._store_for(conn, False).insert_chain(NewJobs.of(jobs))
+        if self.hooks.active:
+            for j in jobs:
+                self.hooks.enqueued(Enqueued(j.id, j.kind, j.queue))
+        return [j.id for j in jobs]
+
     async def job(self, job_id: ULID) -> Job | None:
         """The stored job, or None if there is no such job (or it was cleaned up)."""
         return await self.store.get_job(job_id, self.codec)
@@ -571,6 +600,11 @@ class Queue:
     async def queues(self) -> list[QueueState]:
         """Every queue with pending jobs or a stored pause, by name, paused or not."""
         return await self.store.list_queues()
+
+    async def schedules(self) -> list[ScheduleInfo]:
+        """The periodic schedules workers run (as recorded in the database), with each one's
+        last and next tick and how many ticks it enqueued and skipped."""
+        return await self.store.schedules()
 
     async def claimed_by_pod(self) -> dict[str, int]:
         """Claimed jobs per pod name (the worker's `WorkerIdentity.pod`), busy pods only; jobs

@@ -45,6 +45,7 @@ from venturi._registry import HEARTBEAT, Heartbeat
 from venturi._renewer import Renewer
 from venturi._rescuer import Rescuer
 from venturi._runner import Runner
+from venturi._scheduler import Scheduler
 from venturi._settings import DEFAULT_QUEUE, check_queue_name, worker_settings
 from venturi._undertaker import Reporter, Undertaker
 from venturi.backoff import DEFAULT_BACKOFF, Backoff, Seconds, to_seconds
@@ -58,6 +59,7 @@ from venturi.middleware import Middleware, compose
 from venturi.outcome import Outcome, PanicPolicy
 from venturi.postgres import PostgresStore
 from venturi.registry import UnknownKinds
+from venturi.schedules import Schedule
 from venturi.task import Task, carry_type_of, kind_of
 
 logger = logging.getLogger(__name__)
@@ -107,6 +109,8 @@ class Worker(Generic[AppT]):
     - `metrics`: record Prometheus metrics (needs `venturi[metrics]`); `metrics_port`
       also serves them on /metrics from this process, on `metrics_host` (all interfaces
       inside a Kubernetes pod, 127.0.0.1 elsewhere).
+    - `schedules`: periodic tasks this worker enqueues (venturi.schedules); any number of
+      workers may run the same schedules, each tick is enqueued once.
     - `prefetch`: while handlers run shorter than a claim's round trip, claim up to one
       batch ahead so slots never wait on the database (True); never for capped kinds.
     - `codec`: how payloads and carries decode (JSON); the queue's producers use the same.
@@ -150,6 +154,7 @@ class Worker(Generic[AppT]):
         maintenance: Sequence[MaintenanceService] = (),
         retention: Retention | None = None,
         unknown_kinds: UnknownKinds = "wait",
+        schedules: Sequence[Schedule] = (),
     ) -> None:
         if concurrency is None:
             concurrency = default_concurrency()
@@ -168,6 +173,7 @@ class Worker(Generic[AppT]):
             metrics_port=metrics_port,
             metrics_host=metrics_host,
         )
+        self.schedules = _schedules(schedules)
         for mw in middleware:
             if not callable(mw):
                 raise TypeError(f"middleware: expected async callables, got {mw!r}")
@@ -407,6 +413,7 @@ class Worker(Generic[AppT]):
         )
         background = [
             asyncio.create_task(completer.run(), name="venturi-completer"),
+            *self._scheduler_tasks(identity),
             asyncio.create_task(self.notifier.run(), name="venturi-notifier"),
             asyncio.create_task(rescuer.run(), name="venturi-rescuer"),
             asyncio.create_task(
@@ -481,6 +488,20 @@ class Worker(Generic[AppT]):
                 producer.claimed,
                 dict(self._settled),
             )
+
+    def _scheduler_tasks(self, identity: str) -> list[asyncio.Task[None]]:
+        if not self.schedules:
+            return []
+        scheduler = Scheduler(
+            self.store,
+            self.schedules,
+            queue=self.queues[0],
+            worker=identity,
+            codec=self.policy.codec,
+            poll_max=self.poll_max,
+            outage=self._outage,
+        )
+        return [asyncio.create_task(scheduler.run(), name="venturi-scheduler")]
 
     async def _check_schema(self) -> None:
         """`store.check_schema()`, waiting out a database that is not up yet; an error that
@@ -607,6 +628,19 @@ def _services(
     if len(set(names)) != len(names):
         raise ValueError(f"maintenance: each service needs a name of its own, got {names}")
     return tuple(services)
+
+
+def _schedules(schedules: Sequence[Schedule]) -> tuple[Schedule, ...]:
+    if isinstance(schedules, Schedule) or not isinstance(schedules, Sequence):
+        raise TypeError(f"schedules: expected a list of Schedule, got {schedules!r:.80}")
+    names: set[str] = set()
+    for s in schedules:
+        if not isinstance(s, Schedule):
+            raise TypeError(f"schedules: expected Schedule objects, got {s!r:.80}")
+        if s.name in names:
+            raise ValueError(f"schedules: the name {s.name!r} is used twice")
+        names.add(s.name)
+    return tuple(schedules)
 
 
 def _queues(queue: str | None, queues: Sequence[str] | None) -> tuple[str, ...]:

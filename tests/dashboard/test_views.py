@@ -78,6 +78,7 @@ def test_overview_joins_stats_and_kept_counts_per_kind() -> None:
         JobStatus.CLAIMED: 1,
         JobStatus.COMPLETED: 42,
         JobStatus.DEAD: 3,
+        JobStatus.WAITING: 0,
     }
 
 

@@ -206,3 +206,11 @@ CROSS JOIN LATERAL (
     WHERE status = 'pending' AND queue = q.queue AND priority = p.priority AND run_at > now()
     ORDER BY run_at LIMIT 1
 ) AS t;
+-- chain_link --
+-- Link a chain's jobs, just inserted in the same transaction: each points at the next, and
+-- every link but the first waits for the one before it (see migration 0012's trigger).
+UPDATE {prefix}_jobs AS j SET
+    chain_next = l.next,
+    status = CASE WHEN l.waits THEN 'waiting' ELSE j.status END
+FROM unnest(:ids::uuid[], :nexts::uuid[], :waits::bool[]) AS l(id, next, waits)
+WHERE j.id = l.id;
