@@ -2,7 +2,8 @@
 Debian's `pgbouncer` in front of the test PostgreSQL, and everything a deployment does goes
 through it: migrations, enqueue (plain, batched, deduplicated, in the caller's transaction),
 claim and settle by a worker (polling, or woken by LISTEN on a direct `listen_dsn`), a real
-`venturi worker` process, and the operator's reads (stats, claims per pod)."""
+`venturi worker` process, the operator's reads (stats, claims per pod), unique jobs, pause and
+resume, failed jobs and their retry, leader election and periodic schedules."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import asyncio
 import os
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,9 @@ from venturi import (
     Outcome,
     PostgresStore,
     Queue,
+    Schedule,
     Task,
+    TaskError,
     Worker,
 )
 from venturi._db import sql
@@ -249,3 +253,84 @@ async def test_a_venturi_worker_process_drains_through_the_pooler(
     for job_id in ids:
         await until_status(queue, job_id, JobStatus.COMPLETED)
     assert (await queue.stats()).completed_by_kind == {Echo.KIND: 50}
+
+
+@dataclass
+class Once(Task):
+    KIND = "pooler.once"
+    key: str
+
+    def unique_for(self) -> float | None:
+        return 3600.0
+
+    def unique_id(self) -> str | None:
+        return self.key
+
+
+async def test_unique_jobs_pauses_and_failed_jobs_through_the_pooler(
+    pooled: PostgresStore,
+) -> None:
+    queue = Queue(pooled)
+    first = await queue.enqueue(Once("invoice-7"))
+    assert await queue.enqueue(Once("invoice-7")) == first  # held: nothing stored
+    await queue.pause("default", reason="through the pooler")
+    assert (await queue.stats()).paused_queues == {"default"}
+    ran: list[str] = []
+
+    async def handle(task: Once, ctx: Context[None], app: None) -> None:
+        ran.append(task.key)
+        if len(ran) == 1:
+            raise TaskError.permanent("first run fails for good")
+
+    probe = {"queues": ["default"], "kinds": [Once.KIND], "limit": 1, "pod": None}
+    claimed = await pooled.claim(**probe, worker="probe", default_lease_s=30)  # type: ignore[arg-type]
+    assert claimed == []  # the claim, through the pooler, sees the pause
+    worker = Worker(None, pooled, concurrency=2, poll_max=0.2)
+    worker.register(Once, handle)
+    async with running(worker):
+        await queue.resume("default")
+        await until_status(queue, first, JobStatus.DEAD)
+        [failed] = await queue.failed()
+        assert failed.id == first and failed.error == "first run fails for good"
+        await queue.retry(first)
+        await until_status(queue, first, JobStatus.COMPLETED)
+    assert ran == ["invoice-7", "invoice-7"]
+    assert await queue.enqueue(Once("invoice-7")) != first  # the hold ended with the job
+
+
+async def test_leadership_and_schedules_through_the_pooler(pooled: PostgresStore) -> None:
+    every_second = Schedule("pooler-tick", Step(0), every=timedelta(seconds=1))
+    workers = [
+        Worker(None, pooled, concurrency=1, poll_max=0.2, schedules=[every_second])
+        for _ in range(2)
+    ]
+    for w in workers:
+        w.register(Step, lambda task, ctx, app: asyncio.sleep(0))
+    queue = Queue(pooled)
+
+    async def leaders() -> list[str]:
+        return [w.id for w in await queue.workers() if w.leader and w.live]
+
+    async with running(workers[0]):
+        async with running(workers[1]):
+            await until(lambda: _one(leaders))
+            (first_leader,) = await leaders()
+            await until(lambda: _ticked(queue, 2))
+        # The second worker stopped cleanly: whoever remains leads (perhaps already did).
+        await until(lambda: _is(leaders, [str(workers[0].identity)]), limit=30)
+    infos = await queue.schedules()
+    assert [i.name for i in infos] == ["pooler-tick"] and infos[0].enqueued >= 2
+    assert first_leader in {str(w.identity) for w in workers}
+
+
+async def _one(leaders: Callable[[], Awaitable[list[str]]]) -> bool:
+    return len(await leaders()) == 1
+
+
+async def _is(leaders: Callable[[], Awaitable[list[str]]], expected: list[str]) -> bool:
+    return await leaders() == expected
+
+
+async def _ticked(queue: Queue, n: int) -> bool:
+    infos = await queue.schedules()
+    return bool(infos) and infos[0].enqueued >= n
