@@ -1307,6 +1307,12 @@ class PostgresStore:
         )
 
     @_schema_required
+    @_schema_required
+    async def queue_known(self, queue: str) -> bool:
+        """Whether a kept job, a pause or a worker names `queue`."""
+        known: bool = await self._run.fetchval(self._q["queue_known"], queue=queue)
+        return known
+
     async def retry_all_failed(
         self, *, queue: str | None, kind: str | None, note: str, batch_size: int = 500
     ) -> int:

@@ -550,10 +550,15 @@ class Queue:
         self, *, kind: str | type[Task[Any]] | None = None, queue: str | None = None
     ) -> int:
         """Retry every failed job of `kind` and `queue` (None: any), as `retry` does; returns
-        how many. Works in bounded batches, each its own short transaction."""
-        return await self.store.retry_all_failed(
-            queue=_queue_filter(queue), kind=_kind_filter(kind), note=RETRY_NOTE
-        )
+        how many. Works in bounded batches, each its own short transaction. A queue nothing
+        names (no job kept in it, no pause, no worker) is a ValueError, most likely a typo."""
+        name, kind_name = _queue_filter(queue), _kind_filter(kind)
+        n = await self.store.retry_all_failed(queue=name, kind=kind_name, note=RETRY_NOTE)
+        if n == 0 and name is not None and not await self.store.queue_known(name):
+            raise ValueError(
+                f"retry_all(queue={name!r}): unknown queue (no job, pause or worker names it)"
+            )
+        return n
 
     async def forget(self, job_id: ULID) -> None:
         """Delete one failed job and its journal. A job that is missing or has not failed is a

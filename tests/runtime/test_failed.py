@@ -158,7 +158,10 @@ async def test_retry_all_by_kind_and_queue(store: PostgresStore, queue: Queue) -
         await queue.retry_all(queue="no such queue")
     with pytest.raises(ValueError, match="kind: invalid KIND"):
         await queue.retry_all(kind="")
+    with pytest.raises(ValueError, match=r"retry_all\(queue='defualt'\): unknown queue"):
+        await queue.retry_all(queue="defualt")  # a typo: nothing names that queue
     assert len(await queue.failed()) == 3  # nothing changed
+    assert await queue.retry_all(queue="default", kind="ship_nothing") == 0  # known: no error
 
     assert await queue.retry_all(kind="charge", queue="default") == 1
     assert {f.id for f in await queue.failed()} == {b, c}

@@ -76,3 +76,10 @@ ORDER BY name;
 SELECT extract(epoch FROM min(paused_until) - now())::float8 AS resumes_in_s
 FROM {prefix}_queues
 WHERE name = ANY(:queues::text[]) AND paused_at IS NOT NULL AND paused_until > now();
+
+-- queue_known --
+-- Whether anything names the queue :queue: a job kept in it (the trigger-kept counts, one
+-- index range), a stored pause, or a live worker's registry row serving it.
+SELECT EXISTS (SELECT 1 FROM {prefix}_counts WHERE queue = :queue AND n <> 0)
+    OR EXISTS (SELECT 1 FROM {prefix}_queues WHERE name = :queue)
+    OR EXISTS (SELECT 1 FROM {prefix}_workers WHERE :queue = ANY (queues)) AS known;
