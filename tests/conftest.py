@@ -39,6 +39,12 @@ def pgbouncer_dsn(pg_dsn: str) -> Iterator[str]:
         yield bouncer.dsn
 
 
+@pytest.fixture(scope="session")
+def venturi_dsn(pg_dsn: str) -> str:
+    """venturi.testing's fixtures (the project's own tests use them too) on the same server."""
+    return pg_dsn
+
+
 @pytest.fixture
 def prefix() -> str:
     """A table prefix of its own for each test: tests are isolated and can run in parallel."""

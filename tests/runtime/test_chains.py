@@ -23,6 +23,7 @@ from venturi import (
     TaskError,
     Worker,
 )
+from venturi.testing import Jobs, WorkerFactory
 
 from .helpers import running, until_status
 
@@ -134,3 +135,25 @@ async def test_a_link_with_a_dedup_key_is_refused(queue: Queue) -> None:
     with pytest.raises(ValueError, match="at least one task"):
         await queue.chain()
     assert await queue.jobs() == []
+
+
+@pytest.fixture
+def venturi_worker() -> WorkerFactory:
+    def build(store: PostgresStore) -> Worker[None]:
+        return step_worker(store, RAN, set())
+
+    return build
+
+
+RAN: list[str] = []
+
+
+async def test_run_jobs_runs_a_whole_chain(venturi_queue: Queue, venturi_jobs: Jobs) -> None:
+    """With venturi's pytest plugin, as a user's test would: each link released by the one
+    before is due, so `run_jobs` runs them all, in order."""
+    RAN.clear()
+    ids = await venturi_queue.chain(Step("a"), Step("b"), Step("c"))
+    await venturi_jobs.assert_enqueued(Step, where=lambda t: t.name == "a", count=1)
+    assert await venturi_jobs.run_jobs() == 3
+    assert RAN == ["a", "b", "c"]
+    assert await statuses(venturi_queue, ids) == [JobStatus.COMPLETED] * 3
