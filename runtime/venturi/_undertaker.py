@@ -38,7 +38,7 @@ from venturi._outage import Outage, next_delay
 from venturi._records import DueHook
 from venturi.codec import Codec
 from venturi.context import Cancellation, CancelReason, Context
-from venturi.errors import JobFailedError
+from venturi.errors import JobFailed
 from venturi.jobs import FailedJob
 from venturi.postgres import PostgresStore
 
@@ -213,7 +213,9 @@ class Undertaker:
         job_id = ULID.from_bytes(hook.id.bytes)
         fields = logs.job_fields(hook.id, hook.kind, hook.queue, hook.run_count)
         if error is None:
-            error = JobFailedError(hook.last_error or "failed for good")
+            error = JobFailed(
+                hook.last_error or "failed for good", job_id=str(job_id), error=hook.last_error
+            )
         cancellation = Cancellation()
         async with self._slots:
             try:

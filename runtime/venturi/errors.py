@@ -4,10 +4,9 @@
     ├── PayloadError          (also a ValueError) a task's payload cannot be encoded
     ├── AttachmentTooLarge    (also a ValueError) ctx.attach() got more than the cap
     ├── ResultTooLarge        (also a ValueError) a result or progress value over its cap
-    ├── JobFailed             Queue.result(): the job failed for good (it is dead)
+    ├── JobFailed             the job failed for good: Queue.result(), failure hooks
     ├── DuplicateKindError    (also a ValueError) two task types registered under one KIND
     ├── JobStateError         (also a ValueError) the job is not in a state the call acts on
-    ├── JobFailedError        given to failure hooks and reporters when the exception is gone
     ├── SchemaError           the tables are missing, or their schema is not this release's
     └── StoreClosedError      the store was closed; create a new one
 
@@ -36,7 +35,11 @@ class ResultTooLarge(VenturiError, ValueError):
 
 
 class JobFailed(VenturiError):
-    """The job `Queue.result` waited for failed for good (it is dead): no result will come."""
+    """A job failed for good (it is dead). `Queue.result` raises it (no result will come),
+    and a task's `failed` hook and the worker's reporters receive it when the exception that
+    ended the job is not at hand: its worker died during the last attempt, or died before
+    running the hook (another worker runs it), or the payload did not decode. The message is
+    the job's recorded error."""
 
     def __init__(self, message: str, *, job_id: str, error: str | None) -> None:
         super().__init__(message)
@@ -57,13 +60,6 @@ class JobStateError(VenturiError, ValueError):
     def __init__(self, message: str, status: str | None = None) -> None:
         super().__init__(message)
         self.status = status
-
-
-class JobFailedError(VenturiError):
-    """The `error` a task's `failed` hook and the worker's reporters receive when the
-    exception that ended the job is not at hand: its worker died during the last attempt, or
-    died before running the hook (another worker runs it), or the payload did not decode. The
-    message is the job's recorded error."""
 
 
 class SchemaError(VenturiError):

@@ -24,7 +24,7 @@ from venturi import (
     TaskError,
     Worker,
 )
-from venturi.errors import JobFailedError
+from venturi.errors import JobFailed
 
 from .helpers import running, until, until_status
 
@@ -196,7 +196,7 @@ async def test_an_undecodable_payload_is_reported_without_a_hook(
         await no_pending_step(store)
     assert [c[0] for c in app.calls] == ["sync", "async"]
     error = app.calls[0][2]
-    assert isinstance(error, JobFailedError)
+    assert isinstance(error, JobFailed)
     assert str(error).startswith("undecodable payload for kind 'charge'")
 
 
@@ -231,7 +231,7 @@ async def test_a_step_left_by_a_dead_worker_runs_once_in_another(
         await until(lambda: _step_of(store, job_id, None))
     assert [c[0] for c in app.calls] == ["hook", "sync"]
     assert app.calls[0][1] == Charge(3)
-    assert isinstance(app.calls[0][2], JobFailedError) and str(app.calls[0][2]) == "declined"
+    assert isinstance(app.calls[0][2], JobFailed) and str(app.calls[0][2]) == "declined"
     assert await _step(store, held) is not None  # its lease has not ended: left to its worker
 
 
@@ -321,6 +321,6 @@ async def test_a_job_whose_worker_died_during_its_last_attempt_fails_and_its_hoo
     assert job.last_error.startswith("the worker stopped during the last attempt (lease expired")
     assert [c[0] for c in app.calls] == ["hook", "sync"]
     error = app.calls[0][2]
-    assert isinstance(error, JobFailedError) and str(error) == job.last_error
+    assert isinstance(error, JobFailed) and str(error) == job.last_error
     journal = await queue.job_journal(job_id)
     assert [e.outcome for e in journal] == ["stale_recovered"]
