@@ -160,3 +160,68 @@ def test_the_csrf_token_must_match_the_cookie() -> None:
 def test_an_action_goes_back_only_within_the_dashboard(target: str | None, kept: bool) -> None:
     back = _app._safe_next(target, "/ops/queue")
     assert back == (target if kept else None)
+
+
+def test_queue_rows_join_live_figures_and_pauses() -> None:
+    from venturi.jobs import QueueStats
+    from venturi.pauses import QueueState
+
+    since = datetime(2026, 1, 1, 11, 0, tzinfo=UTC)
+    until = datetime(2026, 1, 1, 13, 0, tzinfo=UTC)
+    stats = Stats(
+        queues={
+            "b": QueueStats(
+                pending_by_kind={"x": 2, "y": 1},
+                claimed_by_kind={"x": 1},
+                oldest_pending_age_by_kind={"x": 3.0, "y": 9.0},
+                done_last_hour_by_kind={"x": 40},
+                failed_last_hour_by_kind={"y": 2},
+                paused=True,
+            ),
+            "a": QueueStats(scheduled_by_kind={"x": 5}),
+        },
+        paused_queues=frozenset({"b", "idle"}),
+    )
+    states = [
+        QueueState("b", True, "deploy", since, until),
+        QueueState("idle", True, None, since, None),
+        QueueState("was", False),  # resumed, no jobs: not shown
+    ]
+    a, b, idle = _views.queue_rows(stats, states)
+    assert (a.name, a.scheduled, a.ready, a.paused, a.oldest_wait) == ("a", 5, 0, False, None)
+    assert (b.ready, b.running, b.oldest_wait, b.done_hour, b.failed_hour) == (3, 1, 9.0, 40, 2)
+    assert (b.paused, b.reason, b.since, b.until) == (True, "deploy", since, until)
+    assert (idle.name, idle.ready, idle.paused, idle.until) == ("idle", 0, True, None)
+
+
+def test_worker_rows_put_the_leader_then_live_workers_first() -> None:
+    from venturi.registry import WorkerInfo
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def info(name: str, minute: int, *, live: bool, leader: bool = False) -> WorkerInfo:
+        return WorkerInfo(
+            id=name,
+            host="h",
+            pid=1,
+            pod=None,
+            queues=("default",),
+            kinds=("k",),
+            unknown_kinds="fail" if name == "c" else "wait",
+            concurrency=2,
+            heartbeat=5.0,
+            started_at=at + timedelta(minutes=minute),
+            last_seen=at,
+            live=live,
+            leader=leader,
+        )
+
+    rows = _views.worker_rows(
+        [info("a", 0, live=False), info("b", 1, live=True), info("c", 2, live=True, leader=True)]
+    )
+    assert [(r.id, r.leader, r.live) for r in rows] == [
+        ("c", True, True),
+        ("b", False, True),
+        ("a", False, False),
+    ]
+    assert rows[0].any_kind and not rows[1].any_kind

@@ -5,13 +5,15 @@ I/O, tested as such. The templates only lay these out.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 from venturi.dashboard._store import COUNT_CAP, Finished
 from venturi.jobs import Job, JobStatus, Stats
+from venturi.pauses import QueueState
+from venturi.registry import WorkerInfo
 
 PAYLOAD_SHOWN = 64 * 1024
 """Characters of a payload, carry or attachment a page shows before cutting it."""
@@ -85,6 +87,93 @@ def overview(
         oldest_wait=stats.oldest_pending_age,
         finished=finished,
         kinds=rows,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRow:
+    """One named queue: its live figures (`Stats.queues`) and its pause (`Queue.queues()`)."""
+
+    name: str
+    ready: int
+    scheduled: int
+    running: int
+    dead: int
+    oldest_wait: float | None
+    done_hour: int
+    failed_hour: int
+    paused: bool
+    reason: str | None
+    since: datetime | None
+    until: datetime | None
+
+
+def queue_rows(stats: Stats, states: Sequence[QueueState]) -> tuple[QueueRow, ...]:
+    """Every queue that holds a job, finished one in the last hour, or is paused, by name:
+    the figures from `stats.queues`, the pause's reason and times from `states` (both read
+    in one snapshot, so they agree)."""
+    by_name = {s.name: s for s in states}
+    names = sorted(set(stats.queues) | {s.name for s in states if s.paused} | stats.paused_queues)
+    rows = []
+    for name in names:
+        q = stats.queues.get(name)
+        state = by_name.get(name)
+        paused = name in stats.paused_queues or (state is not None and state.paused)
+        rows.append(
+            QueueRow(
+                name=name,
+                ready=q.pending if q else 0,
+                scheduled=q.scheduled if q else 0,
+                running=q.claimed if q else 0,
+                dead=q.dead if q else 0,
+                oldest_wait=q.oldest_pending_age if q else None,
+                done_hour=q.done_last_hour if q else 0,
+                failed_hour=q.failed_last_hour if q else 0,
+                paused=paused,
+                reason=state.reason if paused and state else None,
+                since=state.since if paused and state else None,
+                until=state.until if paused and state else None,
+            )
+        )
+    return tuple(rows)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    id: str
+    host: str
+    pid: int
+    pod: str | None
+    queues: tuple[str, ...]
+    kinds: tuple[str, ...]
+    any_kind: bool
+    """It claims every kind of its queues (unknown_kinds="fail")."""
+    concurrency: int
+    started_at: datetime
+    last_seen: datetime
+    live: bool
+    leader: bool
+
+
+def worker_rows(workers: Sequence[WorkerInfo]) -> tuple[WorkerRow, ...]:
+    """The registry's workers: the leader first, then live ones, then silent, oldest first."""
+    ordered = sorted(workers, key=lambda w: (not w.leader, not w.live, w.started_at, w.id))
+    return tuple(
+        WorkerRow(
+            id=w.id,
+            host=w.host,
+            pid=w.pid,
+            pod=w.pod,
+            queues=w.queues,
+            kinds=w.kinds,
+            any_kind=w.unknown_kinds == "fail",
+            concurrency=w.concurrency,
+            started_at=w.started_at,
+            last_seen=w.last_seen,
+            live=w.live,
+            leader=w.leader,
+        )
+        for w in ordered
     )
 
 
