@@ -57,6 +57,12 @@ async def test_overview_shows_the_queue_figures(
         assert await text(page, f"{row} [data-col=ready]") == "7"
         assert await text(page, f"{row} [data-col=scheduled]") == "3"
         assert await text(page, "tr[data-kind='billing.charge'] [data-col=dead]") == "4"
+        minutes = await Queue(store).finished_per_minute()
+        chart = page.locator("#chart svg")
+        assert await chart.get_attribute("data-failed") == str(sum(m.failed for m in minutes))
+        assert await chart.get_attribute("data-failed") == "4"
+        assert await chart.get_attribute("data-done") == "0"
+        assert await page.locator("#chart rect.failed").count() >= 1
         await screenshot(page, "overview", tmp_path)
 
 

@@ -204,3 +204,19 @@ async def test_the_schedules_page_shows_each_schedule_as_recorded(store: Postgre
         assert _views.timestamp(info.next_tick) in shown
         assert info.kind in shown
     assert infos["nightly-billing"].next_tick.astimezone(UTC).strftime("%H:%M") == "02:30"
+
+
+async def test_the_overview_chart_draws_the_per_minute_counters(store: PostgresStore) -> None:
+    await seed(store, ready=0, scheduled=0, dead=3)
+    minutes = await Queue(store).finished_per_minute()
+    assert sum(m.failed for m in minutes) == 3
+    async with client(dashboard.app(store, gate=lambda r: True)) as http:
+        page = (await http.get("/")).text
+    bar = r'<g class="bar" data-minute="([^"]+)" data-done="(\d+)" data-failed="(\d+)"'
+    bars = re.findall(bar, page)
+    by_minute: dict[str, tuple[int, int]] = {}
+    for m in minutes:
+        done, failed = by_minute.get(_views.timestamp(m.minute), (0, 0))
+        by_minute[_views.timestamp(m.minute)] = (done + m.done, failed + m.failed)
+    assert {b[0]: (int(b[1]), int(b[2])) for b in bars} == by_minute
+    assert 'data-failed="3"' in page and "3 failed" in page

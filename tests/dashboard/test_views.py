@@ -225,3 +225,29 @@ def test_worker_rows_put_the_leader_then_live_workers_first() -> None:
         ("a", False, False),
     ]
     assert rows[0].any_kind and not rows[1].any_kind
+
+
+def test_the_minute_chart_sums_queues_and_kinds_and_scales_to_the_busiest_minute() -> None:
+    from venturi.jobs import MinuteCounts
+
+    now = datetime(2026, 1, 1, 12, 0, 30, tzinfo=UTC)
+    minute = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    counts = [
+        MinuteCounts(minute - timedelta(minutes=119), "a", "x", done=1, failed=0),  # left edge
+        MinuteCounts(minute - timedelta(minutes=60), "a", "x", done=6, failed=1),
+        MinuteCounts(minute - timedelta(minutes=60), "b", "y", done=2, failed=1),
+        MinuteCounts(minute, "a", "x", done=0, failed=5),  # this minute: the right edge
+        MinuteCounts(minute - timedelta(minutes=120), "a", "x", done=99, failed=0),  # too old
+        MinuteCounts(minute - timedelta(minutes=30), "a", "x", done=0, failed=0),  # nothing
+    ]
+    chart = _views.minute_chart(counts, now)
+    assert [(b.done, b.failed) for b in chart.bars] == [(1, 0), (8, 2), (0, 5)]
+    assert (chart.done, chart.failed, chart.peak) == (9, 7, 10)
+    first, busiest, last = chart.bars
+    slot = _views.CHART_WIDTH / _views.CHART_MINUTES
+    assert first.x == 0.5 and last.x == round(119 * slot + 0.5, 2)
+    assert busiest.done_h + busiest.failed_h == _views.CHART_HEIGHT  # the peak fills it
+    assert busiest.failed_y == 0 and busiest.done_y == busiest.failed_h
+    assert last.done_h == 0 and last.failed_h == _views.CHART_HEIGHT / 2
+    empty = _views.minute_chart([], now)
+    assert empty.bars == () and empty.peak == 0

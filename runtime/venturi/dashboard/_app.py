@@ -212,6 +212,7 @@ class _Pages:
             counts = await reader.counts()
             finished = await reader.finished_since(FINISHED_WINDOW)
             states = await reader.queue_states()
+            minutes = await reader.per_minute()
         view = _views.overview(stats, counts, finished)
         return self._render(
             request,
@@ -219,6 +220,7 @@ class _Pages:
             page="overview",
             view=view,
             queues=_views.queue_rows(stats, states),
+            chart=_views.minute_chart(minutes, finished.at),
             now=finished.at,
             ago=lambda at: _views.ago(at, finished.at),
         )

@@ -7,11 +7,11 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from venturi.dashboard._store import COUNT_CAP, Finished
-from venturi.jobs import Job, JobStatus, Stats
+from venturi.jobs import Job, JobStatus, MinuteCounts, Stats
 from venturi.pauses import QueueState
 from venturi.registry import WorkerInfo
 
@@ -174,6 +174,87 @@ def worker_rows(workers: Sequence[WorkerInfo]) -> tuple[WorkerRow, ...]:
             leader=w.leader,
         )
         for w in ordered
+    )
+
+
+CHART_MINUTES = 120
+"""The per-minute chart's span: the two hours the per-minute counters keep."""
+CHART_WIDTH = 960
+CHART_HEIGHT = 140
+"""The chart's drawing size (SVG user units; the page scales it to its width)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    """One minute of the chart: done at the bottom, failed stacked above (SVG units)."""
+
+    minute: datetime
+    done: int
+    failed: int
+    x: float
+    width: float
+    done_y: float
+    done_h: float
+    failed_y: float
+    failed_h: float
+
+
+@dataclass(frozen=True, slots=True)
+class MinuteChart:
+    """Jobs done and failed per minute over the last two hours, every queue and kind."""
+
+    bars: tuple[Bar, ...]
+    """Minutes with any finished job, oldest first (empty minutes draw nothing)."""
+    peak: int
+    """The busiest minute's total: the chart's top."""
+    done: int
+    failed: int
+    start: datetime
+    """The first minute drawn (the left edge)."""
+    width: int = CHART_WIDTH
+    height: int = CHART_HEIGHT
+
+
+def minute_chart(counts: Sequence[MinuteCounts], now: datetime) -> MinuteChart:
+    """The overview's chart from `Queue.finished_per_minute()`: summed over queues and kinds,
+    one slot per minute of the last `CHART_MINUTES` (the last one is `now`'s minute)."""
+    last = now.replace(second=0, microsecond=0)
+    start = last - timedelta(minutes=CHART_MINUTES - 1)
+    done: dict[datetime, int] = {}
+    failed: dict[datetime, int] = {}
+    for c in counts:
+        minute = c.minute.replace(second=0, microsecond=0)
+        if start <= minute <= last:
+            done[minute] = done.get(minute, 0) + c.done
+            failed[minute] = failed.get(minute, 0) + c.failed
+    minutes = sorted(m for m in set(done) | set(failed) if done.get(m) or failed.get(m))
+    peak = max((done.get(m, 0) + failed.get(m, 0) for m in minutes), default=0)
+    slot = CHART_WIDTH / CHART_MINUTES
+    scale = CHART_HEIGHT / peak if peak else 0.0
+    bars = []
+    for m in minutes:
+        d, f = done.get(m, 0), failed.get(m, 0)
+        index = round((m - start).total_seconds() / 60)
+        done_h, failed_h = d * scale, f * scale
+        bars.append(
+            Bar(
+                minute=m,
+                done=d,
+                failed=f,
+                x=round(index * slot + 0.5, 2),
+                width=round(slot - 1, 2),
+                done_y=round(CHART_HEIGHT - done_h, 2),
+                done_h=round(done_h, 2),
+                failed_y=round(CHART_HEIGHT - done_h - failed_h, 2),
+                failed_h=round(failed_h, 2),
+            )
+        )
+    return MinuteChart(
+        bars=tuple(bars),
+        peak=peak,
+        done=sum(done.values()),
+        failed=sum(failed.values()),
+        start=start,
     )
 
 
