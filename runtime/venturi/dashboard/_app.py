@@ -424,9 +424,13 @@ class _Pages:
     async def pause(self, request: Request) -> Response:
         form = await self._form(request)
         name = form.get("queue", "")
-        if form.get("for", "") not in PAUSE_FOR:
-            raise HTTPException(400, f"Pause for {form.get('for')!r}: expected one of the form's.")
-        span = PAUSE_FOR[form.get("for", "")]
+        length = form.get("for", "")
+        if length not in PAUSE_FOR:
+            raise HTTPException(
+                400,
+                f"Not paused: for={length!r:.40}: expected 15m, 1h, 4h or empty (until resumed).",
+            )
+        span = PAUSE_FOR[length]
         until = None if span is None else datetime.now(UTC) + span
         reason = form.get("reason", "").strip() or None
         try:

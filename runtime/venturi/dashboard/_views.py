@@ -39,12 +39,8 @@ class KindRow:
 
 @dataclass(frozen=True, slots=True)
 class Overview:
-    """The overview page: totals, then one row per kind.
-
-    Per-queue rows (and each queue's paused state) need the stats by queue that are not
-    built yet; per-minute charts need the per-minute counters. Each will be a field here and
-    a section of overview.html (marked there) when the store can read it.
-    """
+    """The overview page's totals and its rows by kind (the rows by queue are
+    `queue_rows`, the chart `minute_chart`)."""
 
     ready: int
     scheduled: int
