@@ -33,6 +33,10 @@ class Charge(Task):
     order: int
 
 
+async def resize(task: Resize, ctx: Context[None], app: None) -> None:
+    return None
+
+
 async def charge(task: Charge, ctx: Context[None], app: None) -> Outcome:
     raise TaskError.permanent(f"card declined for order {task.order} (insufficient funds)")
 

@@ -5,14 +5,26 @@ enqueued after the page loaded; an ungated app and a cross-origin POST are refus
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 from starlette.applications import Starlette
 from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
-from tests.dashboard.conftest import Resize, screenshot, seed
-from venturi import JobFilter, JobStatus, JournalOutcome, PostgresStore, Queue, dashboard
+from tests.dashboard.conftest import Charge, Resize, resize, screenshot, seed
+from tests.runtime.helpers import running, until
+from venturi import (
+    JobFilter,
+    JobStatus,
+    JournalOutcome,
+    PostgresStore,
+    Queue,
+    Schedule,
+    Worker,
+    dashboard,
+)
+from venturi.dashboard import _views
 
 FAST = 0.25
 """The live parts' period in these tests (seconds): the default is 5."""
@@ -45,6 +57,12 @@ async def test_overview_shows_the_queue_figures(
         assert await text(page, f"{row} [data-col=ready]") == "7"
         assert await text(page, f"{row} [data-col=scheduled]") == "3"
         assert await text(page, "tr[data-kind='billing.charge'] [data-col=dead]") == "4"
+        minutes = await Queue(store).finished_per_minute()
+        chart = page.locator("#chart svg")
+        assert await chart.get_attribute("data-failed") == str(sum(m.failed for m in minutes))
+        assert await chart.get_attribute("data-failed") == "4"
+        assert await chart.get_attribute("data-done") == "0"
+        assert await page.locator("#chart rect.failed").count() >= 1
         await screenshot(page, "overview", tmp_path)
 
 
@@ -194,3 +212,99 @@ async def test_a_cross_origin_post_is_refused(store: PostgresStore, serve: Any, 
             assert "did not come from this dashboard" in await page.inner_text("body")
         job = await Queue(store).job(job_id)
         assert job is not None and job.status is JobStatus.DEAD
+
+
+async def test_queues_page_pauses_and_resumes_a_queue(
+    store: PostgresStore, serve: Any, page: Any, tmp_path: Any
+) -> None:
+    await seed(store, ready=5, scheduled=2, dead=3)
+    queue = Queue(store)
+    await Queue(store, queue="media").enqueue_many(Resize(image=i) for i in range(6))
+    await queue.pause("reports", reason="month-end freeze")
+    stats = await queue.stats()
+    async with serve(opened(store)) as url:
+        await page.goto(url + "/queues")
+        names = await page.locator("tr[data-queue]").evaluate_all(
+            "rows => rows.map(r => r.dataset.queue)"
+        )
+        assert names == ["default", "media", "reports"]
+        for name, q in stats.queues.items():
+            row = f"tr[data-queue='{name}']"
+            assert await text(page, f"{row} [data-col=ready]") == str(q.pending)
+            assert await text(page, f"{row} [data-col=scheduled]") == str(q.scheduled)
+            assert await text(page, f"{row} [data-col=dead]") == str(q.dead)
+            assert await text(page, f"{row} [data-col=failed-hour]") == str(q.failed_last_hour)
+        assert await text(page, "tr[data-queue='reports'] [data-reason]") == "month-end freeze"
+
+        media = "tr[data-queue='media']"
+        await page.fill(f"{media} input[name=reason]", "resizer out of disk")
+        await page.select_option(f"{media} select[name=for]", "1h")
+        await screenshot(page, "queues-before", tmp_path)
+        await page.click(f"{media} [data-action=pause]")
+        await page.wait_for_url("**/queues?notice=paused&n=1&q=media")
+        assert "Paused queue media" in await text(page, ".notice")
+        states = {s.name: s for s in await queue.queues()}
+        assert states["media"].paused and states["media"].reason == "resizer out of disk"
+        assert states["media"].until is not None
+        assert await text(page, f"{media} [data-reason]") == "resizer out of disk"
+        assert not states["default"].paused
+        await screenshot(page, "queues", tmp_path)
+
+        await page.click(f"{media} [data-action=resume]")
+        await page.wait_for_url("**/queues?notice=resumed&n=1&q=media")
+        states = {s.name: s for s in await queue.queues()}
+        assert not states["media"].paused and states["reports"].paused
+        assert await page.locator(f"{media} [data-paused]").count() == 0
+
+
+async def test_workers_page_shows_the_registry(
+    store: PostgresStore, serve: Any, page: Any, tmp_path: Any
+) -> None:
+    queue = Queue(store)
+    await queue.enqueue(Charge(order=1))
+    worker: Worker[None] = Worker(None, store, concurrency=3)
+    worker.register(Resize, resize)
+    async with running(worker), serve(opened(store)) as url:
+
+        async def leads() -> bool:
+            return worker.leads
+
+        await until(leads)
+        (info,) = await queue.workers()
+        await page.goto(url + "/workers")
+        row = f"tr[data-worker='{info.id}']"
+        assert await page.locator(f"{row} [data-leader]").count() == 1
+        assert await text(page, f"{row} [data-state]") == "live"
+        assert await text(page, "tr[data-unserved='default'] [data-kind]") == Charge.KIND
+        await screenshot(page, "workers", tmp_path)
+
+
+async def test_schedules_page_shows_next_runs(
+    store: PostgresStore, serve: Any, page: Any, tmp_path: Any
+) -> None:
+    worker: Worker[None] = Worker(
+        None,
+        store,
+        concurrency=1,
+        schedules=[
+            Schedule("hourly-thumbs", Resize(image=1), every=timedelta(hours=1)),
+            Schedule("nightly-resize", Resize(image=2), cron="30 2 * * *"),
+        ],
+    )
+    worker.register(Resize, resize)
+    queue = Queue(store)
+    async with running(worker):
+
+        async def recorded() -> bool:
+            return len(await queue.schedules()) == 2
+
+        await until(recorded)
+    infos = await queue.schedules()
+    async with serve(opened(store)) as url:
+        await page.goto(url + "/schedules")
+        for info in infos:
+            row = f"tr[data-schedule='{info.name}']"
+            assert await text(page, f"{row} [data-col=spec]") == info.spec
+            assert await text(page, f"{row} [data-col=enqueued]") == str(info.enqueued)
+            assert _views.timestamp(info.next_tick) in await text(page, f"{row} [data-col=next]")
+        await screenshot(page, "schedules", tmp_path)

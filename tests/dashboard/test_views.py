@@ -160,3 +160,94 @@ def test_the_csrf_token_must_match_the_cookie() -> None:
 def test_an_action_goes_back_only_within_the_dashboard(target: str | None, kept: bool) -> None:
     back = _app._safe_next(target, "/ops/queue")
     assert back == (target if kept else None)
+
+
+def test_queue_rows_join_live_figures_and_pauses() -> None:
+    from venturi.jobs import QueueStats
+    from venturi.pauses import QueueState
+
+    since = datetime(2026, 1, 1, 11, 0, tzinfo=UTC)
+    until = datetime(2026, 1, 1, 13, 0, tzinfo=UTC)
+    stats = Stats(
+        queues={
+            "b": QueueStats(
+                pending_by_kind={"x": 2, "y": 1},
+                claimed_by_kind={"x": 1},
+                oldest_pending_age_by_kind={"x": 3.0, "y": 9.0},
+                done_last_hour_by_kind={"x": 40},
+                failed_last_hour_by_kind={"y": 2},
+                paused=True,
+            ),
+            "a": QueueStats(scheduled_by_kind={"x": 5}),
+        },
+        paused_queues=frozenset({"b", "idle"}),
+    )
+    states = [
+        QueueState("b", True, "deploy", since, until),
+        QueueState("idle", True, None, since, None),
+        QueueState("was", False),  # resumed, no jobs: not shown
+    ]
+    a, b, idle = _views.queue_rows(stats, states)
+    assert (a.name, a.scheduled, a.ready, a.paused, a.oldest_wait) == ("a", 5, 0, False, None)
+    assert (b.ready, b.running, b.oldest_wait, b.done_hour, b.failed_hour) == (3, 1, 9.0, 40, 2)
+    assert (b.paused, b.reason, b.since, b.until) == (True, "deploy", since, until)
+    assert (idle.name, idle.ready, idle.paused, idle.until) == ("idle", 0, True, None)
+
+
+def test_worker_rows_put_the_leader_then_live_workers_first() -> None:
+    from venturi.registry import WorkerInfo
+
+    at = datetime(2026, 1, 1, tzinfo=UTC)
+
+    def info(name: str, minute: int, *, live: bool, leader: bool = False) -> WorkerInfo:
+        return WorkerInfo(
+            id=name,
+            host="h",
+            pid=1,
+            pod=None,
+            queues=("default",),
+            kinds=("k",),
+            unknown_kinds="fail" if name == "c" else "wait",
+            concurrency=2,
+            heartbeat=5.0,
+            started_at=at + timedelta(minutes=minute),
+            last_seen=at,
+            live=live,
+            leader=leader,
+        )
+
+    rows = _views.worker_rows(
+        [info("a", 0, live=False), info("b", 1, live=True), info("c", 2, live=True, leader=True)]
+    )
+    assert [(r.id, r.leader, r.live) for r in rows] == [
+        ("c", True, True),
+        ("b", False, True),
+        ("a", False, False),
+    ]
+    assert rows[0].any_kind and not rows[1].any_kind
+
+
+def test_the_minute_chart_sums_queues_and_kinds_and_scales_to_the_busiest_minute() -> None:
+    from venturi.jobs import MinuteCounts
+
+    now = datetime(2026, 1, 1, 12, 0, 30, tzinfo=UTC)
+    minute = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    counts = [
+        MinuteCounts(minute - timedelta(minutes=119), "a", "x", done=1, failed=0),  # left edge
+        MinuteCounts(minute - timedelta(minutes=60), "a", "x", done=6, failed=1),
+        MinuteCounts(minute - timedelta(minutes=60), "b", "y", done=2, failed=1),
+        MinuteCounts(minute, "a", "x", done=0, failed=5),  # this minute: the right edge
+        MinuteCounts(minute - timedelta(minutes=120), "a", "x", done=99, failed=0),  # too old
+        MinuteCounts(minute - timedelta(minutes=30), "a", "x", done=0, failed=0),  # nothing
+    ]
+    chart = _views.minute_chart(counts, now)
+    assert [(b.done, b.failed) for b in chart.bars] == [(1, 0), (8, 2), (0, 5)]
+    assert (chart.done, chart.failed, chart.peak) == (9, 7, 10)
+    first, busiest, last = chart.bars
+    slot = _views.CHART_WIDTH / _views.CHART_MINUTES
+    assert first.x == 0.5 and last.x == round(119 * slot + 0.5, 2)
+    assert busiest.done_h + busiest.failed_h == _views.CHART_HEIGHT  # the peak fills it
+    assert busiest.failed_y == 0 and busiest.done_y == busiest.failed_h
+    assert last.done_h == 0 and last.failed_h == _views.CHART_HEIGHT / 2
+    empty = _views.minute_chart([], now)
+    assert empty.bars == () and empty.peak == 0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import urllib.parse
 from collections.abc import Callable
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -32,6 +32,7 @@ from venturi.postgres import PostgresStore
 PAGE_SIZE = 50
 MAX_FORM_BYTES = 4096
 FINISHED_WINDOW = timedelta(hours=1)
+_NOTICE_PARAMS = ("notice", "n", "q")
 
 _NOTICES = {
     "retried": "Retried {n} job(s): pending again, eligible now.",
@@ -41,7 +42,18 @@ _NOTICES = {
     "click again.",
     "forgot": "Forgot {n} job(s): deleted with their journal.",
     "forgot_none": "Nothing deleted: the job is no longer dead.",
+    "paused": "Paused queue {q}: its jobs wait (running ones finish).",
+    "resumed": "Resumed queue {q}: idle workers serving it were woken.",
+    "resumed_none": "Queue {q} was not paused (another click, or its pause ran out?).",
 }
+
+PAUSE_FOR = {
+    "": None,
+    "15m": timedelta(minutes=15),
+    "1h": timedelta(hours=1),
+    "4h": timedelta(hours=4),
+}
+"""The pause form's choices of how long: until resumed, or for a while."""
 
 
 def app(
@@ -80,6 +92,11 @@ def app(
         Route("/jobs", pages.jobs, name="jobs"),
         Route("/jobs/{job_id}", pages.job, name="job"),
         Route("/failed", pages.failed, name="failed"),
+        Route("/queues", pages.queues, name="queues"),
+        Route("/workers", pages.workers, name="workers"),
+        Route("/schedules", pages.schedules, name="schedules"),
+        Route("/queues/pause", pages.pause, methods=["POST"]),
+        Route("/queues/resume", pages.resume, methods=["POST"]),
         Route("/jobs/{job_id}/retry", pages.retry, methods=["POST"]),
         Route("/jobs/{job_id}/forget", pages.forget, methods=["POST"]),
         Route("/failed/retry-all", pages.retry_all, methods=["POST"]),
@@ -194,8 +211,62 @@ class _Pages:
             stats = await reader.stats()
             counts = await reader.counts()
             finished = await reader.finished_since(FINISHED_WINDOW)
+            states = await reader.queue_states()
+            minutes = await reader.per_minute()
         view = _views.overview(stats, counts, finished)
-        return self._render(request, "overview.html", page="overview", view=view, now=finished.at)
+        return self._render(
+            request,
+            "overview.html",
+            page="overview",
+            view=view,
+            queues=_views.queue_rows(stats, states),
+            chart=_views.minute_chart(minutes, finished.at),
+            now=finished.at,
+            ago=lambda at: _views.ago(at, finished.at),
+        )
+
+    async def queues(self, request: Request) -> Response:
+        async with self._store().reading() as reader:
+            stats = await reader.stats()
+            states = await reader.queue_states()
+            now = await reader.now()
+        return self._render(
+            request,
+            "queues.html",
+            page="queues",
+            queues=_views.queue_rows(stats, states),
+            pause_for=PAUSE_FOR,
+            now=now,
+            ago=lambda at: _views.ago(at, now),
+        )
+
+    async def workers(self, request: Request) -> Response:
+        async with self._store().reading() as reader:
+            workers = await reader.workers()
+            unserved = await reader.unserved_kinds()
+            now = await reader.now()
+        return self._render(
+            request,
+            "workers.html",
+            page="workers",
+            workers=_views.worker_rows(workers),
+            unserved=sorted(unserved.items()),
+            now=now,
+            ago=lambda at: _views.ago(at, now),
+        )
+
+    async def schedules(self, request: Request) -> Response:
+        async with self._store().reading() as reader:
+            schedules = await reader.schedules()
+            now = await reader.now()
+        return self._render(
+            request,
+            "schedules.html",
+            page="schedules",
+            schedules=schedules,
+            now=now,
+            ago=lambda at: _views.ago(at, now),
+        )
 
     async def jobs(self, request: Request) -> Response:
         params = request.query_params
@@ -305,12 +376,23 @@ class _Pages:
             )
         return form
 
-    def _back(self, request: Request, form: dict[str, str], notice: str, n: int) -> Response:
+    def _back(
+        self,
+        request: Request,
+        form: dict[str, str],
+        notice: str,
+        n: int,
+        *,
+        default: str = "/failed",
+        queue: str | None = None,
+    ) -> Response:
         base = request.scope.get("root_path", "").rstrip("/")
-        target = _safe_next(form.get("next"), base) or f"{base}/failed"
+        target = _safe_next(form.get("next"), base) or f"{base}{default}"
         split = urllib.parse.urlsplit(target)
-        query = [(k, v) for k, v in urllib.parse.parse_qsl(split.query) if k not in ("notice", "n")]
+        query = [(k, v) for k, v in urllib.parse.parse_qsl(split.query) if k not in _NOTICE_PARAMS]
         query += [("notice", notice), ("n", str(n))]
+        if queue is not None:
+            query.append(("q", queue))
         return RedirectResponse(f"{split.path}?{urllib.parse.urlencode(query)}", status_code=303)
 
     async def retry(self, request: Request) -> Response:
@@ -339,6 +421,34 @@ class _Pages:
         more = n >= BULK_LIMIT and await store.dead_count(kind) > 0
         return self._back(request, form, "retried_all_more" if more else "retried_all", n)
 
+    async def pause(self, request: Request) -> Response:
+        form = await self._form(request)
+        name = form.get("queue", "")
+        length = form.get("for", "")
+        if length not in PAUSE_FOR:
+            raise HTTPException(
+                400,
+                f"Not paused: for={length!r:.40}: expected 15m, 1h, 4h or empty (until resumed).",
+            )
+        span = PAUSE_FOR[length]
+        until = None if span is None else datetime.now(UTC) + span
+        reason = form.get("reason", "").strip() or None
+        try:
+            await self._store().pause(name, reason=reason, until=until)
+        except (ValueError, TypeError) as exc:
+            raise HTTPException(400, f"Not paused: {exc}") from None
+        return self._back(request, form, "paused", 1, default="/queues", queue=name)
+
+    async def resume(self, request: Request) -> Response:
+        form = await self._form(request)
+        name = form.get("queue", "")
+        try:
+            was = await self._store().resume(name)
+        except (ValueError, TypeError) as exc:
+            raise HTTPException(400, f"Not resumed: {exc}") from None
+        notice = "resumed" if was else "resumed_none"
+        return self._back(request, form, notice, int(was), default="/queues", queue=name)
+
 
 def _status(text: str | None) -> JobStatus | None:
     if not text:
@@ -363,7 +473,7 @@ def _ulid(text: str | None, what: str) -> ULID | None:
 
 def _here(request: Request) -> str:
     """This page's path and query (for an action's way back), without its notice."""
-    query = [(k, v) for k, v in request.query_params.multi_items() if k not in ("notice", "n")]
+    query = [(k, v) for k, v in request.query_params.multi_items() if k not in _NOTICE_PARAMS]
     path = request.url.path
     return f"{path}?{urllib.parse.urlencode(query)}" if query else path
 
@@ -393,4 +503,4 @@ def _notice(params: Any) -> str | None:
         n = int(params.get("n", "0"))
     except ValueError:
         n = 0
-    return template.format(n=n, limit=BULK_LIMIT)
+    return template.format(n=n, limit=BULK_LIMIT, q=params.get("q", "")[:200])

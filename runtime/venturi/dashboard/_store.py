@@ -5,7 +5,8 @@ of a page agree with each other) whose statements are bounded by a statement tim
 first (`dashboard_session`). Reads go through the public `Queue` on that connection
 (`store.using(conn)`), plus the few statements of `_db/queries/dashboard.sql`.
 
-Retry and forget are here until the failed-jobs API of the store lands; they change dead
+Pause and resume go through the public `Queue` too, on a write transaction of the same
+bounds. Retry and forget are here until the failed-jobs API of the store lands; they change dead
 jobs only, each batch in one short transaction.
 """
 
@@ -23,9 +24,12 @@ from ulid import ULID
 from venturi._db import sql
 from venturi._db.run import discard_if_broken, release
 from venturi.codec import DEFAULT_CODEC, Codec
-from venturi.jobs import Job, JobFilter, JobStatus, JournalEntry, Stats
+from venturi.jobs import Job, JobFilter, JobStatus, JournalEntry, MinuteCounts, Stats
+from venturi.pauses import QueueState
 from venturi.postgres import PostgresStore
 from venturi.queue import Queue
+from venturi.registry import WorkerInfo
+from venturi.schedules import ScheduleInfo
 
 COUNT_CAP = 10_000
 """Counts read from the jobs table (not the kept counters) stop here: "10,000+"."""
@@ -88,6 +92,21 @@ class Reader:
     async def journal(self, job_id: ULID) -> list[JournalEntry]:
         return await self.queue.job_journal(job_id)
 
+    async def queue_states(self) -> list[QueueState]:
+        return await self.queue.queues()
+
+    async def workers(self) -> list[WorkerInfo]:
+        return await self.queue.workers()
+
+    async def unserved_kinds(self) -> dict[str, list[str]]:
+        return await self.queue.unserved_kinds()
+
+    async def schedules(self) -> list[ScheduleInfo]:
+        return await self.queue.schedules()
+
+    async def per_minute(self) -> list[MinuteCounts]:
+        return await self.queue.finished_per_minute()
+
 
 class DashboardStore:
     """The dashboard's view of one store (one table prefix)."""
@@ -130,6 +149,17 @@ class DashboardStore:
         async with self._connection(readonly=True) as conn:
             queue = Queue(self.store.using(conn), codec=self._codec)
             yield Reader(conn, self._q, queue)
+
+    async def pause(self, name: str, *, reason: str | None, until: datetime | None) -> QueueState:
+        """Pause the named queue (`Queue.pause`: checked, stored, announced at commit)."""
+        async with self._connection(readonly=False) as conn:
+            queue = Queue(self.store.using(conn), codec=self._codec)
+            return await queue.pause(name, reason=reason, until=until)
+
+    async def resume(self, name: str) -> bool:
+        """Resume the named queue; whether it was paused (`Queue.resume`)."""
+        async with self._connection(readonly=False) as conn:
+            return await Queue(self.store.using(conn), codec=self._codec).resume(name)
 
     async def retry(self, ids: Sequence[ULID], *, actor: str) -> list[ULID]:
         """Dead jobs among `ids` back to pending, eligible now, journaled and announced in

@@ -5,13 +5,15 @@ I/O, tested as such. The templates only lay these out.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from venturi.dashboard._store import COUNT_CAP, Finished
-from venturi.jobs import Job, JobStatus, Stats
+from venturi.jobs import Job, JobStatus, MinuteCounts, Stats
+from venturi.pauses import QueueState
+from venturi.registry import WorkerInfo
 
 PAYLOAD_SHOWN = 64 * 1024
 """Characters of a payload, carry or attachment a page shows before cutting it."""
@@ -37,12 +39,8 @@ class KindRow:
 
 @dataclass(frozen=True, slots=True)
 class Overview:
-    """The overview page: totals, then one row per kind.
-
-    Per-queue rows (and each queue's paused state) need the stats by queue that are not
-    built yet; per-minute charts need the per-minute counters. Each will be a field here and
-    a section of overview.html (marked there) when the store can read it.
-    """
+    """The overview page's totals and its rows by kind (the rows by queue are
+    `queue_rows`, the chart `minute_chart`)."""
 
     ready: int
     scheduled: int
@@ -85,6 +83,174 @@ def overview(
         oldest_wait=stats.oldest_pending_age,
         finished=finished,
         kinds=rows,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class QueueRow:
+    """One named queue: its live figures (`Stats.queues`) and its pause (`Queue.queues()`)."""
+
+    name: str
+    ready: int
+    scheduled: int
+    running: int
+    dead: int
+    oldest_wait: float | None
+    done_hour: int
+    failed_hour: int
+    paused: bool
+    reason: str | None
+    since: datetime | None
+    until: datetime | None
+
+
+def queue_rows(stats: Stats, states: Sequence[QueueState]) -> tuple[QueueRow, ...]:
+    """Every queue that holds a job, finished one in the last hour, or is paused, by name:
+    the figures from `stats.queues`, the pause's reason and times from `states` (both read
+    in one snapshot, so they agree)."""
+    by_name = {s.name: s for s in states}
+    names = sorted(set(stats.queues) | {s.name for s in states if s.paused} | stats.paused_queues)
+    rows = []
+    for name in names:
+        q = stats.queues.get(name)
+        state = by_name.get(name)
+        paused = name in stats.paused_queues or (state is not None and state.paused)
+        rows.append(
+            QueueRow(
+                name=name,
+                ready=q.pending if q else 0,
+                scheduled=q.scheduled if q else 0,
+                running=q.claimed if q else 0,
+                dead=q.dead if q else 0,
+                oldest_wait=q.oldest_pending_age if q else None,
+                done_hour=q.done_last_hour if q else 0,
+                failed_hour=q.failed_last_hour if q else 0,
+                paused=paused,
+                reason=state.reason if paused and state else None,
+                since=state.since if paused and state else None,
+                until=state.until if paused and state else None,
+            )
+        )
+    return tuple(rows)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerRow:
+    id: str
+    host: str
+    pid: int
+    pod: str | None
+    queues: tuple[str, ...]
+    kinds: tuple[str, ...]
+    any_kind: bool
+    """It claims every kind of its queues (unknown_kinds="fail")."""
+    concurrency: int
+    started_at: datetime
+    last_seen: datetime
+    live: bool
+    leader: bool
+
+
+def worker_rows(workers: Sequence[WorkerInfo]) -> tuple[WorkerRow, ...]:
+    """The registry's workers: the leader first, then live ones, then silent, oldest first."""
+    ordered = sorted(workers, key=lambda w: (not w.leader, not w.live, w.started_at, w.id))
+    return tuple(
+        WorkerRow(
+            id=w.id,
+            host=w.host,
+            pid=w.pid,
+            pod=w.pod,
+            queues=w.queues,
+            kinds=w.kinds,
+            any_kind=w.unknown_kinds == "fail",
+            concurrency=w.concurrency,
+            started_at=w.started_at,
+            last_seen=w.last_seen,
+            live=w.live,
+            leader=w.leader,
+        )
+        for w in ordered
+    )
+
+
+CHART_MINUTES = 120
+"""The per-minute chart's span: the two hours the per-minute counters keep."""
+CHART_WIDTH = 960
+CHART_HEIGHT = 140
+"""The chart's drawing size (SVG user units; the page scales it to its width)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Bar:
+    """One minute of the chart: done at the bottom, failed stacked above (SVG units)."""
+
+    minute: datetime
+    done: int
+    failed: int
+    x: float
+    width: float
+    done_y: float
+    done_h: float
+    failed_y: float
+    failed_h: float
+
+
+@dataclass(frozen=True, slots=True)
+class MinuteChart:
+    """Jobs done and failed per minute over the last two hours, every queue and kind."""
+
+    bars: tuple[Bar, ...]
+    """Minutes with any finished job, oldest first (empty minutes draw nothing)."""
+    peak: int
+    """The busiest minute's total: the chart's top."""
+    done: int
+    failed: int
+    start: datetime
+    """The first minute drawn (the left edge)."""
+    width: int = CHART_WIDTH
+    height: int = CHART_HEIGHT
+
+
+def minute_chart(counts: Sequence[MinuteCounts], now: datetime) -> MinuteChart:
+    """The overview's chart from `Queue.finished_per_minute()`: summed over queues and kinds,
+    one slot per minute of the last `CHART_MINUTES` (the last one is `now`'s minute)."""
+    last = now.replace(second=0, microsecond=0)
+    start = last - timedelta(minutes=CHART_MINUTES - 1)
+    done: dict[datetime, int] = {}
+    failed: dict[datetime, int] = {}
+    for c in counts:
+        minute = c.minute.replace(second=0, microsecond=0)
+        if start <= minute <= last:
+            done[minute] = done.get(minute, 0) + c.done
+            failed[minute] = failed.get(minute, 0) + c.failed
+    minutes = sorted(m for m in set(done) | set(failed) if done.get(m) or failed.get(m))
+    peak = max((done.get(m, 0) + failed.get(m, 0) for m in minutes), default=0)
+    slot = CHART_WIDTH / CHART_MINUTES
+    scale = CHART_HEIGHT / peak if peak else 0.0
+    bars = []
+    for m in minutes:
+        d, f = done.get(m, 0), failed.get(m, 0)
+        index = round((m - start).total_seconds() / 60)
+        done_h, failed_h = d * scale, f * scale
+        bars.append(
+            Bar(
+                minute=m,
+                done=d,
+                failed=f,
+                x=round(index * slot + 0.5, 2),
+                width=round(slot - 1, 2),
+                done_y=round(CHART_HEIGHT - done_h, 2),
+                done_h=round(done_h, 2),
+                failed_y=round(CHART_HEIGHT - done_h - failed_h, 2),
+                failed_h=round(failed_h, 2),
+            )
+        )
+    return MinuteChart(
+        bars=tuple(bars),
+        peak=peak,
+        done=sum(done.values()),
+        failed=sum(failed.values()),
+        start=start,
     )
 
 
