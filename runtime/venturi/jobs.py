@@ -193,6 +193,25 @@ class Stats(_KindCounts):
     """Named queues paused now (with jobs or not): their jobs are counted as pending above,
     and wait."""
 
+    @property
+    def paused_by_kind(self) -> Mapping[str, int]:
+        """Pending jobs (eligible or scheduled) of the paused queues, by kind: the part of
+        the pending and scheduled counts that waits for a resume."""
+        paused: dict[str, int] = {}
+        for name in self.paused_queues:
+            q = self.queues.get(name)
+            if q is None:
+                continue
+            for counts in (q.pending_by_kind, q.scheduled_by_kind):
+                for kind, n in counts.items():
+                    paused[kind] = paused.get(kind, 0) + n
+        return paused
+
+    @property
+    def paused(self) -> int:
+        """Pending jobs of the paused queues (see `paused_by_kind`)."""
+        return sum(self.paused_by_kind.values())
+
 
 @dataclass(frozen=True, slots=True)
 class MinuteCounts:

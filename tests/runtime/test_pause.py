@@ -171,10 +171,13 @@ async def test_pausing_one_queue_of_an_ordered_list_leaves_the_others_served(
     }
     stats = await queue.stats()
     assert stats.paused_queues == {"high"} and stats.pending_by_kind == {Job.KIND: 2}
+    assert stats.paused_by_kind == {Job.KIND: 2} and stats.paused == 2  # counted as paused
+    assert stats.queues["high"].paused and not stats.queues["default"].paused
     await queue.resume("high")
     await recording(store, seen, queues=order, concurrency=1).run(once=True)
     assert seen[3:] == [("high", 1), ("high", 2)]
-    assert (await queue.stats()).paused_queues == frozenset()
+    after = await queue.stats()
+    assert after.paused_queues == frozenset() and after.paused == 0
 
 
 async def test_a_pause_applies_at_once_to_running_workers(queue: Queue) -> None:
