@@ -83,8 +83,7 @@ class Scheduler:
 
     async def _pass(self) -> float:
         """Enqueue what is due; return seconds until the next look."""
-        async with self._store._pool_or_raise().acquire() as conn, conn.transaction():
-            tx = self._store.using(conn)
+        async with self._store._in_transaction() as tx:
             rows = await tx._run.fetch(tx._q["schedule_lock_due"], names=self._names)
             for row in rows:
                 schedule = self._schedules[row["name"]]

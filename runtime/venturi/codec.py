@@ -113,7 +113,7 @@ class JsonCodec:
         try:
             result: T = found.decode(data)
         except msgspec.ValidationError:
-            if _SEALED in (data.encode() if isinstance(data, str) else data)[:24]:
+            if looks_sealed(data):
                 raise ValueError(
                     "the value is encrypted, and this codec has no key ring: give the Worker "
                     "codec=SealedCodec(KeyRing...) (see venturi.encryption)"
@@ -125,16 +125,28 @@ class JsonCodec:
         """Decode JSON into plain Python values; an encrypted value is shown by its key id
         only (`{"venturi:sealed": "k1"}`), as `SealedCodec` shows it."""
         value = msgspec.json.decode(data)
-        if _SEALED in (data.encode() if isinstance(data, str) else data)[:24] and (
-            isinstance(value, dict) and isinstance(value.get(_MARKER), str) and len(value) == 1
-        ):
-            return {_MARKER: value[_MARKER].partition(":")[0]}
-        return value
+        key_id = sealed_key(value) if looks_sealed(data) else None
+        return value if key_id is None else {SEALED_MARKER: key_id}
 
 
-_MARKER = "venturi:sealed"
-_SEALED = f'"{_MARKER}"'.encode()
-"""How an encrypted value starts (see venturi.encryption): looked for on errors only."""
+SEALED_MARKER = "venturi:sealed"
+"""The one key of an encrypted value's JSON envelope (see venturi.encryption)."""
+_SEALED = f'"{SEALED_MARKER}"'.encode()
+
+
+def looks_sealed(data: str | bytes) -> bool:
+    """Whether stored text starts like an encrypted envelope (cheap: no parse)."""
+    return _SEALED in (data.encode() if isinstance(data, str) else data)[:24]
+
+
+def sealed_key(value: Any) -> str | None:
+    """The key id of a decoded encrypted envelope, None for any other value."""
+    if isinstance(value, dict) and len(value) == 1:
+        sealed = value.get(SEALED_MARKER)
+        if isinstance(sealed, str):
+            return sealed.partition(":")[0]
+    return None
+
 
 DEFAULT_CODEC = JsonCodec()
 """The codec of a `Queue` or `Worker` not given one."""

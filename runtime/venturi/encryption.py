@@ -28,7 +28,7 @@ from typing import Any, TypeVar
 import msgspec
 from ulid import ULID
 
-from venturi.codec import DEFAULT_CODEC, Codec
+from venturi.codec import DEFAULT_CODEC, SEALED_MARKER, Codec, looks_sealed, sealed_key
 from venturi.errors import PayloadError
 from venturi.task import is_encrypted_kind
 
@@ -38,10 +38,9 @@ KEYS_ENV = "VENTURI_KEYS"
 """The environment variable `KeyRing.from_env()` reads: `id=base64key,id=base64key`, the
 current key first."""
 
-MARKER = "venturi:sealed"
+MARKER = SEALED_MARKER
 _KEY_ID = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 _NONCE = 12
-_marker_bytes = f'"{MARKER}"'.encode()
 
 
 def _aesgcm() -> Any:
@@ -160,17 +159,12 @@ def aad_for(job_id: ULID | uuid.UUID, kind: str) -> bytes:
 def sealed_key_id(data: str | bytes) -> str | None:
     """The key id of a stored sealed value, None for any other value (cheap: no parse
     unless the marker is there)."""
-    raw = data.encode() if isinstance(data, str) else data
-    if _marker_bytes not in raw[:24]:
+    if not looks_sealed(data):
         return None
     try:
-        envelope = msgspec.json.decode(raw)
+        return sealed_key(msgspec.json.decode(data))
     except msgspec.DecodeError:
         return None
-    if not isinstance(envelope, dict) or len(envelope) != 1:
-        return None
-    value = envelope.get(MARKER)
-    return value.partition(":")[0] if isinstance(value, str) else None
 
 
 class SealedCodec:

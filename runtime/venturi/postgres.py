@@ -476,14 +476,19 @@ class PostgresStore:
             "nexts": [*ids[1:], None],
             "waits": [False] + [True] * (len(ids) - 1),
         }
-        if self._conn is not None:
-            await self.insert(jobs)
-            await self._run.execute(self._q["chain_link"], **link)
-            return
-        async with self._pool_or_raise().acquire() as conn, conn.transaction():
-            tx = self.using(conn)
+        async with self._in_transaction() as tx:
             await tx.insert(jobs)
             await tx._run.execute(tx._q["chain_link"], **link)
+
+    @asynccontextmanager
+    async def _in_transaction(self) -> AsyncIterator[PostgresStore]:
+        """This store on one connection inside one transaction: the caller's (a store made by
+        `using`), else a pooled connection's own, committed when the block ends."""
+        if self._conn is not None:
+            yield self
+            return
+        async with self._pool_or_raise().acquire() as conn, conn.transaction():
+            yield self.using(conn)
 
     async def insert(self, jobs: NewJobs) -> None:
         """Insert a batch of jobs (of one named queue, or of several) in one statement (one
