@@ -1,5 +1,5 @@
-"""Folds the rows of the `stats` statement into `Stats`: per queue and kind, then the totals
-over queues. Pure: `PostgresStore.stats` runs the statement and calls this.
+"""Folds the rows of the `stats` statement into `Stats`: per queue and kind, and the totals
+over queues, in one pass. Pure: `PostgresStore.stats` runs the statement and calls this.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ class Row(Protocol):
     def __getitem__(self, column: str, /) -> Any: ...
 
 
-@dataclass
+@dataclass(slots=True)
 class _Counts:
     """Mutable by-kind counts while the rows are read."""
 
@@ -30,57 +30,59 @@ class _Counts:
     failed: dict[str, int] = field(default_factory=dict)
     oldest: dict[str, float] = field(default_factory=dict)
 
-    def add(self, other: _Counts) -> None:
-        for mine, theirs in (
-            (self.pending, other.pending),
-            (self.scheduled, other.scheduled),
-            (self.claimed, other.claimed),
-            (self.dead, other.dead),
-            (self.completed, other.completed),
-            (self.done, other.done),
-            (self.failed, other.failed),
-        ):
-            for kind, n in theirs.items():
-                mine[kind] = mine.get(kind, 0) + n
-        for kind, age in other.oldest.items():
-            self.oldest[kind] = max(age, self.oldest.get(kind, age))
+
+# The rows of these statuses are plain counts: the `_Counts` field each one fills.
+_COUNTED = {
+    "claimed": "claimed",
+    "completed": "completed",
+    "dead": "dead",
+    "done_last_hour": "done",
+    "failed_last_hour": "failed",
+}
 
 
-def stats_from_rows(rows: Iterable[Row], paused: frozenset[str] = frozenset()) -> Stats:
+def _add(counts: dict[str, int], kind: str, n: int) -> None:
+    counts[kind] = counts.get(kind, 0) + n
+
+
+def stats_from_rows(rows: Iterable[Row]) -> Stats:
     """`Stats` from rows of (queue, status, kind, n, scheduled, oldest_s): `n` counts every
     job of that queue, kind and status; for pending rows, `scheduled` of them wait for a
     future run_at and `oldest_s` is the age of the oldest eligible one (None when none is).
-    The statuses `done_last_hour` and `failed_last_hour` carry the per-minute counts' sums.
-    `paused`: the queues paused now."""
+    The statuses `done_last_hour` and `failed_last_hour` carry the per-minute counts' sums;
+    a row of status `paused` names a queue paused now (its other columns are unused)."""
     by_queue: dict[str, _Counts] = {}
-    for r in rows:
-        c = by_queue.setdefault(r["queue"], _Counts())
-        status, kind, total = r["status"], r["kind"], r["n"]
-        if status == "pending":
-            eligible = total - r["scheduled"]
-            if eligible > 0:
-                c.pending[kind] = eligible
-            if r["scheduled"]:
-                c.scheduled[kind] = r["scheduled"]
-            if r["oldest_s"] is not None:
-                # The database clock can be a hair behind a job's run_at: never negative.
-                c.oldest[kind] = max(0.0, r["oldest_s"])
-        elif status == "claimed":
-            c.claimed[kind] = total
-        elif status == "completed":
-            c.completed[kind] = total
-        elif status == "dead":
-            c.dead[kind] = total
-        elif status == "done_last_hour":
-            c.done[kind] = total
-        elif status == "failed_last_hour":
-            c.failed[kind] = total
+    paused: set[str] = set()
     totals = _Counts()
-    queues: dict[str, QueueStats] = {}
-    for name in sorted(by_queue):
-        c = by_queue[name]
-        totals.add(c)
-        queues[name] = QueueStats(
+    for r in rows:
+        name, status = r["queue"], r["status"]
+        if status == "paused":
+            paused.add(name)
+            continue
+        c = by_queue.get(name)
+        if c is None:
+            c = by_queue[name] = _Counts()
+        kind, total = r["kind"], r["n"]
+        if status == "pending":
+            scheduled = r["scheduled"]
+            if total > scheduled:
+                c.pending[kind] = total - scheduled
+                _add(totals.pending, kind, total - scheduled)
+            if scheduled:
+                c.scheduled[kind] = scheduled
+                _add(totals.scheduled, kind, scheduled)
+            oldest = r["oldest_s"]
+            if oldest is not None:
+                # The database clock can be a hair behind a job's run_at: never negative.
+                oldest = c.oldest[kind] = max(0.0, oldest)
+                totals.oldest[kind] = max(oldest, totals.oldest.get(kind, oldest))
+            continue
+        counted = _COUNTED.get(status)
+        if counted is not None:
+            getattr(c, counted)[kind] = total
+            _add(getattr(totals, counted), kind, total)
+    queues = {
+        name: QueueStats(
             pending_by_kind=c.pending,
             scheduled_by_kind=c.scheduled,
             claimed_by_kind=c.claimed,
@@ -91,6 +93,8 @@ def stats_from_rows(rows: Iterable[Row], paused: frozenset[str] = frozenset()) -
             failed_last_hour_by_kind=c.failed,
             paused=name in paused,
         )
+        for name, c in sorted(by_queue.items())
+    }
     return Stats(
         pending_by_kind=totals.pending,
         scheduled_by_kind=totals.scheduled,
@@ -101,5 +105,5 @@ def stats_from_rows(rows: Iterable[Row], paused: frozenset[str] = frozenset()) -
         done_last_hour_by_kind=totals.done,
         failed_last_hour_by_kind=totals.failed,
         queues=queues,
-        paused_queues=paused,
+        paused_queues=frozenset(paused),
     )

@@ -1154,9 +1154,7 @@ class PostgresStore:
 
     @_schema_required
     async def stats(self) -> Stats:
-        rows = await self._run.fetch(self._q["stats"])
-        paused = await self._run.fetch(self._q["queue_list_paused"])
-        return stats_from_rows(rows, frozenset(r["name"] for r in paused))
+        return stats_from_rows(await self._run.fetch(self._q["stats"]))
 
     @_schema_required
     async def finished_per_minute(self, queue: str | None = None) -> list[MinuteCounts]:

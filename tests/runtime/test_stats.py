@@ -282,9 +282,14 @@ def test_stats_rows_fold_into_queues_and_totals() -> None:
             row("q1", "done_last_hour", "a", 11),
             row("q2", "done_last_hour", "a", 1),
             row("q3", "failed_last_hour", "c", 2),  # a queue with nothing left but its counts
+            row("q2", "paused", "", 0),
+            row("q4", "paused", "", 0),  # paused and empty: no QueueStats
         ]
     )
     assert list(stats.queues) == ["q1", "q2", "q3"]
+    assert stats.paused_queues == {"q2", "q4"}
+    assert stats.queues["q2"].paused and not stats.queues["q1"].paused
+    assert stats.paused_by_kind == {"a": 1, "b": 2}
     assert stats.queues["q1"].done_last_hour_by_kind == {"a": 11}
     assert stats.queues["q3"].failed_last_hour_by_kind == {"c": 2}
     assert stats.queues["q3"].pending_by_kind == {}

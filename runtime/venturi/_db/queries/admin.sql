@@ -46,10 +46,10 @@ SELECT count(*) AS deleted FROM deleted;
 -- The live state counters cannot reconstruct, in one statement that stays cheap at any
 -- backlog: totals by queue, kind and status from the trigger-kept counts; per queue and kind
 -- with pending jobs, one index probe for the oldest eligible job and a range count of the
--- scheduled ones (jobs waiting for a future run_at, usually few); and, as rows of the
--- statuses 'done_last_hour' and 'failed_last_hour', the per-minute counts of the minutes that
--- began in the last hour (a range of the minute counts' primary key).
--- Paused queues are read by queue_list_paused, beside this statement (QueueStats.paused).
+-- scheduled ones (jobs waiting for a future run_at, usually few); as rows of the statuses
+-- 'done_last_hour' and 'failed_last_hour', the per-minute counts of the minutes that began in
+-- the last hour (a range of the minute counts' primary key); and a row of status 'paused' per
+-- queue paused now (QueueStats.paused), so that stats() is one round trip.
 WITH totals AS (
     SELECT queue, kind, status, sum(n)::bigint AS n FROM {prefix}_counts
     WHERE status IN ('pending', 'claimed', 'dead', 'completed')
@@ -76,7 +76,10 @@ FROM totals AS t
 UNION ALL
 SELECT queue, 'done_last_hour', kind, done, 0, NULL FROM finished WHERE done > 0
 UNION ALL
-SELECT queue, 'failed_last_hour', kind, failed, 0, NULL FROM finished WHERE failed > 0;
+SELECT queue, 'failed_last_hour', kind, failed, 0, NULL FROM finished WHERE failed > 0
+UNION ALL
+SELECT name, 'paused', '', 0, 0, NULL FROM {prefix}_queues
+WHERE paused_at IS NOT NULL AND (paused_until IS NULL OR paused_until > now());
 
 -- minute_counts_list --
 -- Jobs done and failed for good per minute, per queue and kind, for the minutes that began

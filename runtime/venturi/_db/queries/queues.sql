@@ -65,12 +65,6 @@ SELECT name, coalesce(paused, false) AS paused,
        CASE WHEN paused THEN reason END AS reason
 FROM states ORDER BY name;
 
--- queue_list_paused --
--- The names of the queues paused now.
-SELECT name FROM {prefix}_queues
-WHERE paused_at IS NOT NULL AND (paused_until IS NULL OR paused_until > now())
-ORDER BY name;
-
 -- queue_next_resume --
 -- Seconds until the first of :queues whose pause has an until resumes (NULL: none will).
 SELECT extract(epoch FROM min(paused_until) - now())::float8 AS resumes_in_s
