@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -20,6 +21,7 @@ from venturi import (
     WorkerIdentity,
 )
 from venturi._db import sql
+from venturi._records import ClaimedJob, Recovery, SettledAs, Settlement, StaleJob
 from venturi._stats import stats_from_rows
 
 from .helpers import running, until
@@ -213,7 +215,8 @@ async def test_stats_by_queue_follow_every_job_and_total_over_queues(store: Post
 async def test_migrating_counts_the_jobs_already_there_by_queue(pg_dsn: str, prefix: str) -> None:
     async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
         queries = sql.queries(prefix)
-        before = [m for m in sql.migrations(prefix) if m.name != "counts_by_queue"]
+        (counts_v,) = (m.version for m in sql.migrations(prefix) if m.name == "counts_by_queue")
+        before = [m for m in sql.migrations(prefix) if m.version < counts_v]
         async with store._pool.acquire() as conn, conn.transaction():
             # The schema as the previous release left it, with jobs in three queues ...
             await conn.execute(queries["migration_table_create"].text)
@@ -231,9 +234,7 @@ async def test_migrating_counts_the_jobs_already_there_by_queue(pg_dsn: str, pre
                 ["pending", "pending", "dead", "claimed", "completed"],
             )
         applied = await store.migrate()
-        assert [m.name for m in sql.migrations(prefix) if m.version in applied] == [
-            "counts_by_queue"
-        ]
+        assert applied == [m.version for m in sql.migrations(prefix) if m.version >= counts_v]
         queue = Queue(store)
         assert await kept_counts_by_queue(queue) == {
             ("high", "a", "pending"): 3,
@@ -307,3 +308,177 @@ def test_stats_rows_fold_into_queues_and_totals() -> None:
     assert stats.oldest_pending_age_by_kind == {"a": 3.0}
     assert (stats.pending, stats.claimed, stats.oldest_pending_age) == (4, 5, 3.0)
     assert stats_from_rows([]) == Stats()
+
+
+# -- the scheduled mark (counts.run_at_max) ------------------------------------------------
+
+
+async def direct_pending(queue: Queue) -> dict[tuple[str, str], tuple[datetime, int]]:
+    """Per (queue, kind) with pending jobs: the latest run_at, and how many are scheduled."""
+    rows = await queue.store._pool.fetch(
+        f"SELECT queue, kind, max(run_at), count(*) FILTER (WHERE run_at > now()) "
+        f"FROM {queue.store.prefix}_jobs WHERE status = 'pending' GROUP BY 1, 2"
+    )
+    return {(r[0], r[1]): (r[2], r[3]) for r in rows}
+
+
+async def kept_marks(queue: Queue) -> dict[tuple[str, str], datetime | None]:
+    rows = await queue.store._pool.fetch(
+        f"SELECT queue, kind, max(run_at_max) FROM {queue.store.prefix}_counts "
+        "WHERE status = 'pending' GROUP BY 1, 2 HAVING sum(n) > 0"
+    )
+    return {(r[0], r[1]): r[2] for r in rows}
+
+
+async def assert_marks_bound_the_pending_jobs(queue: Queue) -> None:
+    """The counts equal a recount, every pending job's run_at is at most its (queue, kind)'s
+    mark, and stats() counts exactly the scheduled jobs a direct count finds."""
+    assert await kept_counts_by_queue(queue) == await direct_counts_by_queue(queue)
+    direct, marks = await direct_pending(queue), await kept_marks(queue)
+    assert marks.keys() == direct.keys()
+    for key, (latest, _) in direct.items():
+        mark = marks[key]
+        assert mark is not None and mark >= latest, key
+    stats = await queue.stats()
+    scheduled = {
+        (name, kind): n
+        for name, q in stats.queues.items()
+        for kind, n in q.scheduled_by_kind.items()
+    }
+    assert scheduled == {key: n for key, (_, n) in direct.items() if n}
+
+
+async def claim(store: PostgresStore, queue: str, n: int) -> list[ClaimedJob]:
+    return await store.claim(
+        queues=[queue], kinds=None, limit=n, worker="w", pod=None, default_lease_s=60
+    )
+
+
+async def test_the_scheduled_mark_bounds_every_pending_job_under_concurrent_writers(
+    store: PostgresStore,
+) -> None:
+    queues = {name: Queue(store, queue=name) for name in ("a", "b")}
+    outcomes: list[SettledAs] = ["completed", "dead", "failed", "paused", "released"]
+
+    async def enqueue(name: str, rounds: int) -> None:
+        q = queues[name]
+        for i in range(rounds):
+            await q.enqueue_many([Mixed("ok"), Other(), Mixed("ok")])
+            if i % 3 == 0:
+                await q.enqueue_in(Other(), timedelta(hours=1))
+
+    async def work(name: str, rounds: int) -> None:
+        for i in range(rounds):
+            jobs = await claim(store, name, 3)
+            await store.settle(
+                [
+                    # Retries and pauses re-pend into the future (a backoff, a snooze), or now.
+                    Settlement.of(job, outcomes[(i + j) % 5], delay_s=3600.0 * ((i + j) % 2))
+                    for j, job in enumerate(jobs)
+                ],
+                worker="w",
+            )
+
+    async def recover(name: str, rounds: int) -> None:
+        def decide(stale: list[StaleJob]) -> list[Recovery]:
+            return [
+                Recovery(s.id, k % 3 == 0, 1800.0 * (k % 2), "gone") for k, s in enumerate(stale)
+            ]
+
+        for _ in range(rounds):
+            jobs = await claim(store, name, 2)
+            await store._pool.execute(
+                f"UPDATE {store.prefix}_jobs SET lease_until = now() - interval '1 second' "
+                "WHERE id = ANY($1::uuid[])",
+                [job.id for job in jobs],
+            )
+            await store.recover_stale(decide, queues=[name], worker="w")
+
+    # Every trigger path at once, from several connections (so several counter shards).
+    await asyncio.gather(
+        *(enqueue(name, 12) for name in queues),
+        *(work(name, 10) for name in queues),
+        *(recover(name, 4) for name in queues),
+    )
+    await assert_marks_bound_the_pending_jobs(queues["a"])
+
+    # A reschedule keeps a job pending (no count moves) but must raise the mark.
+    await store._pool.execute(
+        f"UPDATE {store.prefix}_jobs SET run_at = now() + interval '2 hours' "
+        f"WHERE id = (SELECT id FROM {store.prefix}_jobs WHERE status = 'pending' "
+        "AND queue = 'a' AND run_at <= now() LIMIT 1)"
+    )
+    await assert_marks_bound_the_pending_jobs(queues["a"])
+
+    # Scheduled jobs that came due (their time passed) count as eligible although the mark
+    # is still ahead; and deleted jobs leave the counts.
+    await store._pool.execute(
+        f"UPDATE {store.prefix}_jobs SET run_at = now() - interval '1 second'"
+    )
+    await assert_marks_bound_the_pending_jobs(queues["a"])
+    assert (await queues["a"].stats()).scheduled == 0
+    soon = datetime.now(UTC) + timedelta(minutes=1)
+    assert await queues["a"].cleanup(CleanupCriteria(finished_before=soon)) > 0
+    await store._pool.execute(f"DELETE FROM {store.prefix}_jobs WHERE queue = 'b'")
+    await assert_marks_bound_the_pending_jobs(queues["a"])
+
+
+def scheduled_probes(plan: Any) -> list[int]:
+    """The loops of every scan in an EXPLAIN (ANALYZE, FORMAT JSON) plan that counts
+    scheduled jobs (an index condition on run_at > now())."""
+    found = []
+    if "run_at > now()" in plan.get("Index Cond", ""):
+        found.append(plan["Actual Loops"])
+    for child in plan.get("Plans", []):
+        found += scheduled_probes(child)
+    return found
+
+
+async def test_stats_counts_scheduled_jobs_only_where_one_was_written_for_the_future(
+    queue: Queue,
+) -> None:
+    text = sql.queries(queue.store.prefix)["stats"].text
+
+    async def probes() -> int:
+        [plan] = json.loads(
+            await queue.store._pool.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {text}")
+        )
+        return sum(scheduled_probes(plan["Plan"]))
+
+    await queue.enqueue_many(Mixed("ok") for _ in range(3))
+    await Queue(queue.store, queue="high").enqueue(Other())
+    assert await probes() == 0  # nothing was ever due later than now: no probe
+    await queue.enqueue_in(Other(), timedelta(hours=1))
+    assert await probes() == 1  # only (default, other) may hold scheduled jobs
+    assert (await queue.stats()).scheduled_by_kind == {"other": 1}
+
+
+async def test_migrating_marks_the_jobs_already_pending(pg_dsn: str, prefix: str) -> None:
+    async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
+        queries = sql.queries(prefix)
+        (mark_v,) = (m.version for m in sql.migrations(prefix) if m.name == "scheduled_high_water")
+        async with store._pool.acquire() as conn, conn.transaction():
+            await conn.execute(queries["migration_table_create"].text)
+            record = queries["migration_record"]
+            for migration in sql.migrations(prefix):
+                if migration.version < mark_v:
+                    await conn.execute(migration.sql)
+                    values = {"version": migration.version, "name": migration.name}
+                    await conn.execute(record.text, *record.args(values))
+            # Jobs of the previous release: due, scheduled, and finished.
+            await conn.execute(
+                f"INSERT INTO {prefix}_jobs (id, kind, queue, status, payload, run_at) "
+                "SELECT gen_random_uuid(), k, q, s, '{}', now() + make_interval(secs => d) "
+                "FROM unnest($1::text[], $2::text[], $3::text[], $4::float8[]) AS r(k, q, s, d)",
+                ["a", "a", "a", "b", "b"],
+                ["high", "high", "low", "low", "low"],
+                ["pending", "pending", "pending", "pending", "completed"],
+                [-5.0, 3600.0, -1.0, 7200.0, 9000.0],
+            )
+        await store.migrate()
+        queue = Queue(store)
+        stats = await queue.stats()
+        assert stats.queues["high"].scheduled_by_kind == {"a": 1}
+        assert stats.queues["low"].scheduled_by_kind == {"b": 1}
+        assert stats.queues["low"].pending_by_kind == {"a": 1}
+        await assert_marks_bound_the_pending_jobs(queue)

@@ -45,13 +45,15 @@ SELECT count(*) AS deleted FROM deleted;
 -- stats --
 -- The live state counters cannot reconstruct, in one statement that stays cheap at any
 -- backlog: totals by queue, kind and status from the trigger-kept counts; per queue and kind
--- with pending jobs, one index probe for the oldest eligible job and a range count of the
--- scheduled ones (jobs waiting for a future run_at, usually few); as rows of the statuses
+-- with pending jobs, one index probe for the oldest eligible job and, only where the latest
+-- run_at written for a pending job (the counts' run_at_max) is still ahead, a range count of
+-- the scheduled ones (jobs waiting for a future run_at); as rows of the statuses
 -- 'done_last_hour' and 'failed_last_hour', the per-minute counts of the minutes that began in
 -- the last hour (a range of the minute counts' primary key); and a row of status 'paused' per
 -- queue paused now (QueueStats.paused), so that stats() is one round trip.
 WITH totals AS (
-    SELECT queue, kind, status, sum(n)::bigint AS n FROM {prefix}_counts
+    SELECT queue, kind, status, sum(n)::bigint AS n, max(run_at_max) AS run_at_max
+    FROM {prefix}_counts
     WHERE status IN ('pending', 'claimed', 'dead', 'completed')
     GROUP BY queue, kind, status HAVING sum(n) > 0
 ), finished AS (
@@ -61,7 +63,7 @@ WITH totals AS (
     GROUP BY queue, kind
 )
 SELECT t.queue, t.status, t.kind, t.n,
-       CASE WHEN t.status = 'pending' THEN (
+       CASE WHEN t.status = 'pending' AND t.run_at_max > now() THEN (
            SELECT count(*) FROM {prefix}_jobs AS j
            WHERE j.status = 'pending' AND j.queue = t.queue AND j.kind = t.kind
              AND j.run_at > now()
