@@ -482,3 +482,18 @@ async def test_migrating_marks_the_jobs_already_pending(pg_dsn: str, prefix: str
         assert stats.queues["low"].scheduled_by_kind == {"b": 1}
         assert stats.queues["low"].pending_by_kind == {"a": 1}
         await assert_marks_bound_the_pending_jobs(queue)
+
+
+async def test_a_write_that_leaves_pending_jobs_due_leaves_the_counter_rows_alone(
+    queue: Queue,
+) -> None:
+    pool, prefix = queue.store._pool, queue.store.prefix
+    await queue.enqueue_many(Mixed("ok") for _ in range(3))
+    counters = (
+        f"SELECT queue, kind, status, shard, xmin::text FROM {prefix}_counts ORDER BY 1, 2, 3, 4"
+    )
+    before = await pool.fetch(counters)
+    # What an await or a merge does: pending jobs stay pending, their run_at unchanged.
+    await pool.execute(f"UPDATE {prefix}_jobs SET awaited = true WHERE status = 'pending'")
+    assert await pool.fetch(counters) == before  # not rewritten (no churn on the counters)
+    await assert_marks_bound_the_pending_jobs(queue)

@@ -32,7 +32,9 @@ BEGIN
             SET n = c.n + excluded.n, run_at_max = greatest(c.run_at_max, excluded.run_at_max);
     ELSIF TG_OP = 'UPDATE' THEN
         -- A statement that leaves a job pending but moves its run_at (a reschedule) changes
-        -- no count, yet must raise the mark: such groups are kept too.
+        -- no count, yet may raise the mark: such groups are kept too, and the counter row is
+        -- written only if its count moves or its mark rises (a merge or an await of a
+        -- pending job leaves it as it was).
         INSERT INTO {prefix}_counts AS c (queue, kind, status, shard, n, run_at_max)
         SELECT queue, kind, status, pg_backend_pid() % 16, sum(n), max(run_at_max) FROM (
             SELECT queue, kind, status, count(*) AS n,
@@ -45,7 +47,9 @@ BEGIN
         HAVING sum(n) <> 0 OR max(run_at_max) IS NOT NULL
         ORDER BY queue, kind, status
         ON CONFLICT (queue, kind, status, shard) DO UPDATE
-            SET n = c.n + excluded.n, run_at_max = greatest(c.run_at_max, excluded.run_at_max);
+            SET n = c.n + excluded.n, run_at_max = greatest(c.run_at_max, excluded.run_at_max)
+            WHERE excluded.n <> 0
+               OR excluded.run_at_max > coalesce(c.run_at_max, '-infinity'::timestamptz);
     ELSE
         INSERT INTO {prefix}_counts AS c (queue, kind, status, shard, n)
         SELECT queue, kind, status, pg_backend_pid() % 16, -count(*) FROM old_rows
