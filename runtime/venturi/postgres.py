@@ -11,6 +11,7 @@ caller holds, inside the caller's transaction: the same statements either way.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hashlib
 import math
@@ -29,6 +30,7 @@ from ulid import ULID
 
 from venturi import _dsn
 from venturi._db import sql
+from venturi._db.batches import Batches
 from venturi._db.failures import breaks_connection
 from venturi._db.leadership import Leadership
 from venturi._db.registry import Registry
@@ -39,6 +41,7 @@ from venturi._records import (
     DueHook,
     ExistingJob,
     MergePlan,
+    NewBatch,
     NewJob,
     NewJobs,
     Recovered,
@@ -339,6 +342,11 @@ class PostgresStore:
         return Registry(self._run, self._q)
 
     @property
+    def batches(self) -> Batches:
+        """The batches' statements (`_db/batches.py`), on this store's runner."""
+        return Batches(self._run, self._q)
+
+    @property
     def leadership(self) -> Leadership:
         """The leader lease's statements (`_db/leadership.py`), on this store's runner."""
         return Leadership(self._run, self._q)
@@ -480,6 +488,30 @@ class PostgresStore:
             await tx.insert(jobs)
             await tx._run.execute(tx._q["chain_link"], **link)
 
+    async def insert_batch(
+        self,
+        batch: NewBatch,
+        members: NewJobs,
+        callbacks: NewJobs,
+        roles: Sequence[str],
+    ) -> None:
+        """Insert a batch: its row, its members and its callbacks (held waiting, `roles[i]`
+        naming callback i: then, catch or finally), in one transaction: the caller's (a store
+        made by `using`), else one of its own. A batch without members finishes at once."""
+        values = {"id": batch.id, "name": batch.name, "allow_failures": batch.allow_failures}
+        async with self._in_transaction() as tx:
+            await tx._run.execute(tx._q["batch_insert"], total=len(members), **values)
+            await tx.insert(dataclasses.replace(members, batch_id=batch.id))
+            if callbacks.ids:
+                await tx.insert(dataclasses.replace(callbacks, batch_id=batch.id))
+                await tx._run.execute(
+                    tx._q["batch_hold_callbacks"],
+                    ids=[_as_uuid(i) for i in callbacks.ids],
+                    whiches=list(roles),
+                )
+            if not members.ids:
+                await tx._run.execute(tx._q["batch_finish"], id=batch.id)
+
     @asynccontextmanager
     async def _in_transaction(self) -> AsyncIterator[PostgresStore]:
         """This store on one connection inside one transaction: the caller's (a store made by
@@ -560,6 +592,7 @@ class PostgresStore:
             "trace_context": _first(jobs.trace_contexts),
             "max_attempts": _first(jobs.max_attempts),
             "timeout_s": _first(jobs.timeout_s),
+            "batch_id": jobs.batch_id,
             "channel": self.channel,
         }
 
@@ -580,6 +613,7 @@ class PostgresStore:
             "queues": jobs.queues,
             "max_attempts": _column(jobs.max_attempts),
             "timeout_s": _column(jobs.timeout_s),
+            "batch_id": jobs.batch_id,
             "channel": self.channel,
             "wake_kinds": list(set(jobs.kinds)),
         }
@@ -739,6 +773,7 @@ class PostgresStore:
                 trace_context=r["trace_context"],
                 max_attempts=r["max_attempts"],
                 timeout_s=r["timeout_s"],
+                batch_id=r["batch_id"],
             )
             for r in rows
         ]
@@ -1417,6 +1452,7 @@ def _job(row: asyncpg.Record, codec: Codec) -> Job:
         last_error=row["last_error"],
         result=_decoded(row["result"], codec),
         progress=_decoded(row["progress"], codec),
+        batch_id=None if row["batch_id"] is None else ULID.from_bytes(row["batch_id"].bytes),
     )
 
 

@@ -18,13 +18,13 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ulid import ULID
 
 from venturi._hooks import hook_set
-from venturi._records import ExistingJob, MergePlan, NewJob, NewJobs
+from venturi._records import ExistingJob, MergePlan, NewBatch, NewJob, NewJobs
 from venturi._settings import (
     DEFAULT_QUEUE,
     check_lease,
@@ -33,11 +33,13 @@ from venturi._settings import (
     check_timeout,
 )
 from venturi.backoff import MAX_DELAY, Backoff, Seconds, to_seconds
+from venturi.batches import Batch
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.encryption import SealedCodec
 from venturi.errors import JobFailed, JobStateError, PayloadError
 from venturi.hooks import Enqueued, EnqueueTracer, Hooks
 from venturi.jobs import (
+    BatchStatus,
     CleanupCriteria,
     FailedJob,
     Job,
@@ -423,6 +425,84 @@ class Queue:
                 self.hooks.enqueued(Enqueued(j.id, j.kind, j.queue))
         return [j.id for j in jobs]
 
+    def batch(
+        self, name: str, *, priority: Priority | None = None, queue: str | None = None
+    ) -> Batch:
+        """A new batch named `name`: add members and callbacks, then `await
+        batch.enqueue()` (see `venturi.batches`). `priority=` and `queue=` apply to its
+        members and callbacks alike, as for `enqueue`."""
+        called = _call_queue(queue)
+
+        async def submit(batch: Batch, conn: Connection | None) -> ULID:
+            return await self._insert_batch(batch, priority, called, conn)
+
+        return Batch(name, submit)
+
+    async def _insert_batch(
+        self,
+        batch: Batch,
+        priority: Priority | None,
+        queue: str | None,
+        conn: Connection | None,
+    ) -> ULID:
+        members = [self._new_job(t, priority=priority, queue=queue) for t in batch.members]
+        roles = list(batch.callbacks)
+        callbacks = [
+            self._new_job(t, priority=priority, queue=queue) for t in batch.callbacks.values()
+        ]
+        for job in (*members, *callbacks):
+            if job.dedup_key is not None or job.unique_key is not None:
+                raise ValueError(
+                    f"batch {batch.name!r}: {job.kind} has a dedup key or a unique id; a "
+                    "batch's jobs cannot merge into other jobs"
+                )
+        batch_id = new_ids(1)[0]
+        row = NewBatch(uuid.UUID(bytes=batch_id.bytes), batch.name, batch.failures_allowed)
+        store = self._store_for(conn, False)
+        await store.insert_batch(row, NewJobs.of(members), NewJobs.of(callbacks), roles)
+        if self.hooks.active:
+            for j in (*members, *callbacks):
+                self.hooks.enqueued(Enqueued(j.id, j.kind, j.queue))
+        logger.debug("enqueued batch %s: %d jobs", batch_id, len(members))
+        return batch_id
+
+    async def batch_status(self, batch_id: ULID | str) -> BatchStatus | None:
+        """The batch's progress (`BatchStatus`: done, failed, cancelled, pending, percent),
+        or None if there is no such batch (or it was pruned)."""
+        return await self.store.batches.get(_batch_key(batch_id))
+
+    async def recent_batches(
+        self, n: int = 20, *, before: ULID | str | None = None
+    ) -> list[BatchStatus]:
+        """The newest `n` batches (1..1000), newest first; `before=` the id of the last one
+        seen, for the page after it."""
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 1000:
+            raise ValueError(f"recent_batches(n): expected an int in 1..1000, got {n!r}")
+        after = None if before is None else _batch_key(before)
+        return await self.store.batches.recent(n, after)
+
+    async def cancel_batch(self, batch_id: ULID | str) -> int:
+        """Cancel the batch: its members not started yet (pending, retries waiting for their
+        backoff included) end cancelled; running ones finish. `then` will not run; `finally`
+        runs once the running members finish. Returns how many were skipped (0 for a
+        finished batch). Raises LookupError if there is no such batch."""
+        skipped = await self.store.batches.cancel(_batch_key(batch_id))
+        if skipped is None:
+            raise LookupError(f"cancel_batch({batch_id}): no such batch")
+        return skipped
+
+    async def prune_batches(self, older_than: Seconds, *, batch_size: int = 1000) -> int:
+        """Delete batches that finished more than `older_than` (seconds, or a timedelta)
+        ago, in bounded batches; returns how many. Their jobs stay (see `cleanup`)."""
+        age = to_seconds(older_than, name="prune_batches(older_than)", high=MAX_DELAY)
+        before = datetime.now(UTC) - timedelta(seconds=age)
+        deleted = 0
+        while True:
+            n = await self.store.batches.prune(before, batch_size)
+            deleted += n
+            if n < batch_size:
+                return deleted
+
     async def job(self, job_id: ULID) -> Job | None:
         """The stored job, or None if there is no such job (or it was cleaned up)."""
         return await self.store.get_job(job_id, self.codec)
@@ -434,8 +514,9 @@ class Queue:
         it waits).
 
         Raises `TimeoutError` after `timeout` (seconds, or a timedelta) if it has not
-        finished, `JobFailed` if it failed for good (dead), and `LookupError` if there is no
-        such job (or it was cleaned up).
+        finished, `JobFailed` if it failed for good (dead), `JobStateError` if it was
+        cancelled (a batch member skipped by its batch's cancellation), and `LookupError` if
+        there is no such job (or it was cleaned up).
         """
         wait = to_seconds(timeout, name="result(timeout)")
         async with asyncio.timeout(wait):
@@ -447,6 +528,12 @@ class Queue:
                 f"job {job.id} ({job.kind}) failed for good: {job.last_error}",
                 job_id=str(job.id),
                 error=job.last_error,
+            )
+        if job.status is JobStatus.CANCELLED:
+            raise JobStateError(
+                f"result({job_id}): the job was cancelled before it ran (its batch was "
+                "cancelled)",
+                status=job.status,
             )
         return job.result
 
@@ -766,3 +853,15 @@ def _unique(task: Task[Any], kind: str) -> tuple[float | None, str | None]:
 def _optional_column(values: Sequence[str | None]) -> list[str | None] | None:
     """None (sent as one NULL) when no job has a value (a tracer without an SDK behind it)."""
     return None if all(v is None for v in values) else list(values)
+
+
+def _batch_key(batch_id: ULID | str) -> uuid.UUID:
+    """A batch id as the store keys it; a string must be a ULID (as `enqueue` returned)."""
+    if isinstance(batch_id, ULID):
+        return batch_id.to_uuid()
+    if isinstance(batch_id, str):
+        try:
+            return ULID.from_str(batch_id).to_uuid()
+        except ValueError:
+            raise ValueError(f"batch id: expected a ULID, got {batch_id!r:.80}") from None
+    raise TypeError(f"batch id: expected a ULID or its string, got {batch_id!r:.80}")
