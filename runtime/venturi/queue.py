@@ -531,8 +531,7 @@ class Queue:
             )
         if job.status is JobStatus.CANCELLED:
             raise JobStateError(
-                f"result({job_id}): the job was cancelled before it ran (its batch was "
-                "cancelled)",
+                f"result({job_id}): the job was cancelled before it ran (its batch was cancelled)",
                 status=job.status,
             )
         return job.result

@@ -5,8 +5,10 @@ caller's transaction, and `ctx.batch_id`."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import asyncpg
 import pytest
@@ -16,7 +18,6 @@ from venturi import (
     BatchStatus,
     Context,
     DedupKey,
-    JobStatus,
     JournalOutcome,
     Outcome,
     PostgresStore,
@@ -75,8 +76,8 @@ def batch_worker(store: PostgresStore, log: Log, fail: set[str]) -> Worker[None]
         log.ran.append((task.name, ctx.batch_id))
         return Outcome.completed()
 
-    def callback(name: str):  # type: ignore[no-untyped-def]
-        async def handle(task: Task, ctx: Context[None], app: None) -> Outcome:  # type: ignore[type-arg]
+    def callback(name: str) -> Callable[[Any, Context[None], None], Awaitable[Outcome]]:
+        async def handle(task: Any, ctx: Context[None], app: None) -> Outcome:
             log.ran.append((name, ctx.batch_id))
             return Outcome.completed()
 
@@ -309,9 +310,7 @@ async def test_a_rolled_back_transaction_leaves_no_batch(queue: Queue, pg_dsn: s
     try:
         tx = conn.transaction()
         await tx.start()
-        batch_id = await queue.batch("tx").add(Part("a"), Part("b")).then(Then()).enqueue(
-            conn=conn
-        )
+        batch_id = await queue.batch("tx").add(Part("a"), Part("b")).then(Then()).enqueue(conn=conn)
         await tx.rollback()
     finally:
         await conn.close()
@@ -322,7 +321,7 @@ async def test_a_rolled_back_transaction_leaves_no_batch(queue: Queue, pg_dsn: s
 async def test_bad_batches_are_refused_with_nothing_stored(queue: Queue) -> None:
     with pytest.raises(ValueError, match="batch name"):
         queue.batch("  ")
-    with pytest.raises(TypeError, match="expected a venturi.Task"):
+    with pytest.raises(TypeError, match=r"expected a venturi\.Task"):
         queue.batch("x").add("not a task")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="then is set already"):
         queue.batch("x").then(Then()).then(Then())
@@ -370,9 +369,13 @@ async def test_run_jobs_runs_a_batch_and_its_callbacks(
     venturi_queue: Queue, venturi_jobs: Jobs
 ) -> None:
     RAN.ran.clear()
-    await venturi_queue.batch("t").add(Part("a"), Part("b")).then(Then()).finally_(
-        Finally()
-    ).enqueue()
+    await (
+        venturi_queue.batch("t")
+        .add(Part("a"), Part("b"))
+        .then(Then())
+        .finally_(Finally())
+        .enqueue()
+    )
     assert await venturi_jobs.run_jobs() == 4
     assert sorted(n for n, _ in RAN.ran) == ["a", "b", "finally", "then"]
     assert (await venturi_jobs.queued_jobs()) == []
