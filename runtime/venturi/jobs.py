@@ -298,3 +298,13 @@ class BatchStatus:
     @property
     def finished(self) -> bool:
         return self.finished_at is not None
+
+    @property
+    def state(self) -> str:
+        """In a word: running, cancelling (cancelled, members still running), succeeded
+        (every member completed), failed (finished with a failure) or cancelled."""
+        if self.finished_at is None:
+            return "cancelling" if self.cancelled_at is not None else "running"
+        if self.cancelled_at is not None:
+            return "cancelled"
+        return "failed" if self.failed else "succeeded"

@@ -495,13 +495,10 @@ class Queue:
         """Delete batches that finished more than `older_than` (seconds, or a timedelta)
         ago, in bounded batches; returns how many. Their jobs stay (see `cleanup`)."""
         age = to_seconds(older_than, name="prune_batches(older_than)", high=MAX_DELAY)
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"prune_batches(batch_size): expected an int >= 1, got {batch_size!r}")
         before = datetime.now(UTC) - timedelta(seconds=age)
-        deleted = 0
-        while True:
-            n = await self.store.batches.prune(before, batch_size)
-            deleted += n
-            if n < batch_size:
-                return deleted
+        return await self.store.batches.prune(before, batch_size)
 
     async def job(self, job_id: ULID) -> Job | None:
         """The stored job, or None if there is no such job (or it was cleaned up)."""
@@ -549,9 +546,9 @@ class Queue:
         Works in bounded batches, each its own short transaction, so it never holds long
         locks on a busy queue.
         """
-        if criteria.status not in (None, JobStatus.COMPLETED, JobStatus.DEAD):
+        if criteria.status not in (None, JobStatus.COMPLETED, JobStatus.DEAD, JobStatus.CANCELLED):
             raise ValueError(
-                f"CleanupCriteria.status: only completed or dead jobs can be deleted, "
+                f"CleanupCriteria.status: only completed, dead or cancelled jobs can be deleted, "
                 f"got {criteria.status}"
             )
         if criteria.finished_before.tzinfo is None:

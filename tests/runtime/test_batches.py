@@ -406,3 +406,30 @@ async def test_result_of_a_cancelled_member_or_dropped_callback_ends_the_wait(
     for wait in waits:
         with pytest.raises(JobStateError, match="cancelled"):
             await wait
+
+
+async def test_retention_prunes_finished_batches_and_cancelled_jobs(queue: Queue) -> None:
+    from venturi import Retention
+    from venturi._maintenance.cleaner import RetentionCleaner
+
+    old = await queue.batch("old").add(Part("a"), Part("b")).enqueue()
+    new = await queue.batch("new").add(Part("c")).enqueue()
+    await queue.cancel_batch(old)
+    await queue.cancel_batch(new)
+    pool = queue.store._pool_or_raise()
+    prefix = queue.store.prefix
+    await pool.execute(
+        f"UPDATE {prefix}_batches SET finished_at = now() - interval '3 days' WHERE id = $1",
+        old.to_uuid(),
+    )
+    await pool.execute(
+        f"UPDATE {prefix}_jobs SET finished_at = now() - interval '3 days' WHERE batch_id = $1",
+        old.to_uuid(),
+    )
+    await RetentionCleaner(Retention(completed=timedelta(days=1))).run_once(queue.store)
+    assert len(await queue.recent_batches(10)) == 2  # neither named: both kept
+    assert len(await queue.jobs()) == 3
+    cleaner = RetentionCleaner(Retention(batches=timedelta(days=1), cancelled=timedelta(days=1)))
+    await cleaner.run_once(queue.store)
+    assert [b.id for b in await queue.recent_batches(10)] == [new]
+    assert [j.batch_id for j in await queue.jobs()] == [new]

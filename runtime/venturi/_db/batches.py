@@ -43,12 +43,17 @@ class Batches:
             skipped: int = await tx.fetchval(self._q["batch_cancel_members"], id=batch_id)
             return skipped
 
-    async def prune(self, finished_before: datetime, limit: int) -> int:
-        """One bounded batch of finished batches deleted; returns how many."""
-        n: int = await self._run.fetchval(
-            self._q["batch_prune"], finished_before=finished_before, limit=limit
-        )
-        return n
+    async def prune(self, finished_before: datetime, batch_size: int) -> int:
+        """Delete the batches finished before `finished_before`, `batch_size` per statement
+        (each its own short transaction); returns how many."""
+        deleted = 0
+        while True:
+            n: int = await self._run.fetchval(
+                self._q["batch_prune"], finished_before=finished_before, limit=batch_size
+            )
+            deleted += n
+            if n < batch_size:
+                return deleted
 
 
 def _status(r: asyncpg.Record) -> BatchStatus:
