@@ -352,28 +352,9 @@ class Queue:
         """enqueue_many's inserts; `traced`: the ids chosen and their trace contexts."""
         ids, contexts = traced if traced is not None else (new_ids(len(tasks)), None)
         if all(_no_policy(type(t)) for t in tasks):
-            # The common case, without a record per job: no hooks to call, no dedup keys.
-            tier = int(Priority(priority)) if priority is not None else _NORMAL
-            kinds = [_kind(type(t)) for t in tasks]
-            encode = self.codec.encode
-            payloads = [encode(t, kind=k) for t, k in zip(tasks, kinds, strict=True)]
-            queues = [called or _task_queue(type(t)) or self.queue for t in tasks]
-            first = queues[0] if queues else self.queue
-            by_job = None if all(q == first for q in queues) else queues
-            traces = None if contexts is None else _optional_column(contexts)
-            batch = NewJobs(
-                first,
-                ids,
-                kinds,
-                [tier] * len(ids),
-                payloads,
-                queues=by_job,
-                trace_contexts=traces,
-            )
+            batch = self._plain_jobs(tasks, ids, priority, called, contexts)
             await store.insert(batch)
-            if self.hooks.active:
-                for job_id, kind, q in zip(ids, kinds, queues, strict=True):
-                    self.hooks.enqueued(Enqueued(job_id, kind, q))
+            self._enqueued(batch)
             logger.debug("enqueued %d jobs", len(ids))
             return ids
         jobs = [
@@ -396,6 +377,37 @@ class Queue:
                 ids.append(await self._insert_untraced(store, task, job))
         logger.debug("enqueued %d jobs", len(jobs))
         return ids
+
+    def _plain_jobs(
+        self,
+        tasks: Sequence[Task[Any]],
+        ids: list[ULID],
+        priority: Priority | None,
+        called: str | None,
+        contexts: Sequence[str | None] | None = None,
+    ) -> NewJobs:
+        """The jobs of `tasks` that have no per-job policy (the caller checked: no hooks to
+        call, no dedup keys), by column, without a record per job: the common bulk case."""
+        tier = int(Priority(priority)) if priority is not None else _NORMAL
+        kinds = [_kind(type(t)) for t in tasks]
+        encode = self.codec.encode
+        payloads = [encode(t, kind=k) for t, k in zip(tasks, kinds, strict=True)]
+        queues = [called or _task_queue(type(t)) or self.queue for t in tasks]
+        first = queues[0] if queues else self.queue
+        by_job = None if all(q == first for q in queues) else queues
+        traces = None if contexts is None else _optional_column(contexts)
+        return NewJobs(
+            first, ids, kinds, [tier] * len(ids), payloads, queues=by_job, trace_contexts=traces
+        )
+
+    def _enqueued(self, jobs: NewJobs) -> None:
+        """Tell the hooks about `jobs`, just stored."""
+        if not self.hooks.active:
+            return
+        queues = jobs.queues if jobs.queues is not None else [jobs.queue] * len(jobs.ids)
+        for job_id, kind, q in zip(jobs.ids, jobs.kinds, queues, strict=True):
+            assert isinstance(job_id, ULID)
+            self.hooks.enqueued(Enqueued(job_id, kind, q))
 
     async def chain(
         self,
@@ -445,26 +457,39 @@ class Queue:
         queue: str | None,
         conn: Connection | None,
     ) -> ULID:
-        members = [self._new_job(t, priority=priority, queue=queue) for t in batch.members]
+        tasks = batch.members
+        if all(_no_policy(type(t)) for t in tasks):  # the common case: by column, fast
+            members = self._plain_jobs(tasks, new_ids(len(tasks)), priority, queue)
+        else:
+            members = NewJobs.of(self._batch_jobs(batch, tasks, priority, queue))
         roles = list(batch.callbacks)
-        callbacks = [
-            self._new_job(t, priority=priority, queue=queue) for t in batch.callbacks.values()
-        ]
-        for job in (*members, *callbacks):
+        callbacks = NewJobs.of(
+            self._batch_jobs(batch, list(batch.callbacks.values()), priority, queue)
+        )
+        batch_id = new_ids(1)[0]
+        row = NewBatch(uuid.UUID(bytes=batch_id.bytes), batch.name, batch.failures_allowed)
+        store = self._store_for(conn, False)
+        await store.insert_batch(row, members, callbacks, roles)
+        self._enqueued(members)
+        self._enqueued(callbacks)
+        logger.debug("enqueued batch %s: %d jobs", batch_id, len(members))
+        return batch_id
+
+    def _batch_jobs(
+        self,
+        batch: Batch,
+        tasks: Sequence[Task[Any]],
+        priority: Priority | None,
+        queue: str | None,
+    ) -> list[NewJob]:
+        jobs = [self._new_job(t, priority=priority, queue=queue) for t in tasks]
+        for job in jobs:
             if job.dedup_key is not None or job.unique_key is not None:
                 raise ValueError(
                     f"batch {batch.name!r}: {job.kind} has a dedup key or a unique id; a "
                     "batch's jobs cannot merge into other jobs"
                 )
-        batch_id = new_ids(1)[0]
-        row = NewBatch(uuid.UUID(bytes=batch_id.bytes), batch.name, batch.failures_allowed)
-        store = self._store_for(conn, False)
-        await store.insert_batch(row, NewJobs.of(members), NewJobs.of(callbacks), roles)
-        if self.hooks.active:
-            for j in (*members, *callbacks):
-                self.hooks.enqueued(Enqueued(j.id, j.kind, j.queue))
-        logger.debug("enqueued batch %s: %d jobs", batch_id, len(members))
-        return batch_id
+        return jobs
 
     async def batch_status(self, batch_id: ULID | str) -> BatchStatus | None:
         """The batch's progress (`BatchStatus`: done, failed, cancelled, pending, percent),

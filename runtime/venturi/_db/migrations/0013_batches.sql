@@ -125,13 +125,15 @@ DECLARE
     was_finished boolean := OLD.status IN ('completed', 'dead', 'cancelled');
     is_finished boolean := NEW.status IN ('completed', 'dead', 'cancelled');
     stop_batch boolean;
+    left_pending integer;
 BEGIN
     UPDATE {prefix}_batches SET
         pending = pending - (is_finished::int - was_finished::int),
         done = done + (NEW.status = 'completed')::int - (OLD.status = 'completed')::int,
         failed = failed + (NEW.status = 'dead')::int - (OLD.status = 'dead')::int,
         cancelled = cancelled + (NEW.status = 'cancelled')::int - (OLD.status = 'cancelled')::int
-    WHERE id = NEW.batch_id;
+    WHERE id = NEW.batch_id
+    RETURNING pending INTO left_pending;
     IF NOT FOUND THEN
         RETURN NULL;  -- the batch was pruned: nothing to count
     END IF;
@@ -151,7 +153,10 @@ BEGIN
             END IF;
         END IF;
     END IF;
-    PERFORM {prefix}_batch_finish(NEW.batch_id);
+    -- The last member (a cancellation above counts its own members, and finishes there).
+    IF left_pending = 0 THEN
+        PERFORM {prefix}_batch_finish(NEW.batch_id);
+    END IF;
     RETURN NULL;
 END
 $$;
