@@ -302,3 +302,4 @@ class DueHook:
     last_error: str | None
     failed_at: datetime
     history: tuple[JournalEntry, ...]
+    batch_id: uuid.UUID | None = None

@@ -1469,6 +1469,7 @@ def _due_hook(r: asyncpg.Record) -> DueHook:
         last_error=r["last_error"],
         failed_at=r["finished_at"],
         history=_history(r["history"]),
+        batch_id=r["batch_id"],
     )
 
 

@@ -433,3 +433,32 @@ async def test_retention_prunes_finished_batches_and_cancelled_jobs(queue: Queue
     await cleaner.run_once(queue.store)
     assert [b.id for b in await queue.recent_batches(10)] == [new]
     assert [j.batch_id for j in await queue.jobs()] == [new]
+
+
+SEEN_BY_HOOK: list[ULID | None] = []
+
+
+@dataclass
+class Fragile(Task):
+    KIND = "batch_fragile"
+
+    async def failed(self, error: BaseException, ctx: Context[None], app: None) -> None:
+        SEEN_BY_HOOK.append(ctx.batch_id)
+
+
+async def test_the_failure_hook_of_a_member_sees_its_batch(queue: Queue) -> None:
+    async def fail(task: Fragile, ctx: Context[None], app: None) -> Outcome:
+        raise TaskError.permanent("no")
+
+    SEEN_BY_HOOK.clear()
+    batch_id = await queue.batch("hooked").add(Fragile()).enqueue()
+    worker: Worker[None] = Worker(None, queue.store, concurrency=1)
+    worker.register(Fragile, fail)
+    async with running(worker):
+        await finished(queue, batch_id)
+
+        async def hook_ran() -> bool:
+            return bool(SEEN_BY_HOOK)
+
+        await until(hook_ran)
+    assert SEEN_BY_HOOK == [batch_id]
