@@ -56,7 +56,8 @@ async def _round(dsn: str, n: int, batched: bool, rep: int) -> tuple[float, floa
         drain_s = time.perf_counter() - began
         if batched:
             (status,) = await queue.recent_batches(1)
-            assert status.done == n and status.finished, status
+            if status.done != n or not status.finished:
+                raise RuntimeError(f"the batch did not finish: {status}")
     return n / enqueue_s, n / drain_s
 
 

@@ -461,4 +461,4 @@ async def test_the_failure_hook_of_a_member_sees_its_batch(queue: Queue) -> None
             return bool(SEEN_BY_HOOK)
 
         await until(hook_ran)
-    assert SEEN_BY_HOOK == [batch_id]
+    assert [batch_id] == SEEN_BY_HOOK
