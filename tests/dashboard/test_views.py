@@ -79,6 +79,7 @@ def test_overview_joins_stats_and_kept_counts_per_kind() -> None:
         JobStatus.COMPLETED: 42,
         JobStatus.DEAD: 3,
         JobStatus.WAITING: 0,
+        JobStatus.CANCELLED: 0,
     }
 
 
