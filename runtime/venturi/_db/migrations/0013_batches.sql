@@ -28,9 +28,10 @@ ALTER TABLE {prefix}_journal ADD CONSTRAINT {prefix}_journal_outcome_check CHECK
     'completed', 'paused', 'failed', 'dead', 'released', 'stale_recovered', 'merged', 'retried',
     'cancelled'));
 
--- A batch's members and callbacks (cancellation, a callback's release, the batch's jobs in a
--- listing); partial, so the jobs of no batch are not in it.
-CREATE INDEX {prefix}_jobs_batch_idx ON {prefix}_jobs (batch_id) WHERE batch_id IS NOT NULL;
+-- A batch's members and callbacks: a callback by its name in one probe (its release), the
+-- members by the batch (cancellation); partial, so the jobs of no batch are not in it.
+CREATE INDEX {prefix}_jobs_batch_idx ON {prefix}_jobs (batch_id, batch_callback)
+    WHERE batch_id IS NOT NULL;
 
 -- Cleanup and history take cancelled jobs too (a superset of the old index's predicate, so
 -- the statements of the release before still use it).
