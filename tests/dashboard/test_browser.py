@@ -308,3 +308,61 @@ async def test_schedules_page_shows_next_runs(
             assert await text(page, f"{row} [data-col=enqueued]") == str(info.enqueued)
             assert _views.timestamp(info.next_tick) in await text(page, f"{row} [data-col=next]")
         await screenshot(page, "schedules", tmp_path)
+
+
+async def test_batches_pages_show_progress_and_cancel(
+    store: PostgresStore, serve: Any, page: Any, tmp_path: Any
+) -> None:
+    queue = Queue(store)
+    done = await queue.batch("thumbnails").add(*(Resize(image=i) for i in range(8))).enqueue()
+    worker: Worker[None] = Worker(None, store, concurrency=4)
+    worker.register(Resize, resize)
+    async with running(worker):
+
+        async def finished() -> bool:
+            status = await queue.batch_status(done)
+            return status is not None and status.finished
+
+        await until(finished)
+    live = await (
+        queue.batch("invoices")
+        .add(*(Charge(order=i) for i in range(40)))
+        .then(Resize(image=0))
+        .finally_(Resize(image=1))
+        .enqueue()
+    )
+    async with serve(opened(store)) as url:
+        await page.goto(url + "/batches")
+        ids = await page.locator("tr[data-batch]").evaluate_all(
+            "rows => rows.map(r => r.dataset.batch)"
+        )
+        assert ids == [str(live), str(done)]  # newest first
+        for batch_id in (live, done):
+            status = await queue.batch_status(batch_id)
+            assert status is not None
+            row = f"tr[data-batch='{batch_id}']"
+            assert await text(page, f"{row} [data-col=done]") == str(status.done)
+            assert await text(page, f"{row} [data-col=pending]") == str(status.pending)
+            assert await text(page, f"{row} [data-state]") == status.state
+            percent = await page.locator(f"{row} .progress").get_attribute("data-percent")
+            assert percent == str(status.percent)
+        assert await page.locator(f"tr[data-batch='{done}'] [data-action=cancel]").count() == 0
+        await screenshot(page, "batches", tmp_path)
+
+        await page.click(f"tr[data-batch='{live}'] a.name")
+        await page.wait_for_url(f"**/batches/{live}")
+        assert await text(page, "[data-callback=then] [data-status]") == "waiting"
+        await page.click("[data-action=cancel]")
+        await page.wait_for_url(f"**/batches/{live}?notice=cancelled&n=40")
+        status = await queue.batch_status(live)
+        assert status is not None and (status.cancelled, status.state) == (40, "cancelled")
+        assert await text(page, "[data-col=cancelled]") == "40"
+        assert await text(page, "[data-callback=then] [data-status]") == "cancelled"
+        assert await text(page, "[data-callback=finally] [data-status]") == "pending"
+        assert await page.locator("[data-action=cancel]").count() == 0
+        await screenshot(page, "batch", tmp_path)
+
+        member = (await queue.jobs(JobFilter(kind=Charge.KIND, limit=1)))[0]
+        await page.goto(f"{url}/jobs/{member.id}")
+        await page.click("[data-batch-link]")
+        await page.wait_for_url(f"**/batches/{live}")

@@ -45,6 +45,7 @@ _NOTICES = {
     "paused": "Paused queue {q}: its jobs wait (running ones finish).",
     "resumed": "Resumed queue {q}: idle workers serving it were woken.",
     "resumed_none": "Queue {q} was not paused (another click, or its pause ran out?).",
+    "cancelled": "Cancelled the batch: {n} job(s) not started were skipped; running ones finish.",
 }
 
 PAUSE_FOR = {
@@ -95,6 +96,9 @@ def app(
         Route("/queues", pages.queues, name="queues"),
         Route("/workers", pages.workers, name="workers"),
         Route("/schedules", pages.schedules, name="schedules"),
+        Route("/batches", pages.batches, name="batches"),
+        Route("/batches/{batch_id}", pages.batch, name="batch"),
+        Route("/batches/{batch_id}/cancel", pages.cancel_batch, methods=["POST"]),
         Route("/queues/pause", pages.pause, methods=["POST"]),
         Route("/queues/resume", pages.resume, methods=["POST"]),
         Route("/jobs/{job_id}/retry", pages.retry, methods=["POST"]),
@@ -265,6 +269,41 @@ class _Pages:
             page="schedules",
             schedules=schedules,
             now=now,
+            ago=lambda at: _views.ago(at, now),
+        )
+
+    async def batches(self, request: Request) -> Response:
+        before = _ulid(request.query_params.get("before"), "before=", noun="batch")
+        async with self._store().reading() as reader:
+            found = await reader.batches(PAGE_SIZE + 1, before)
+            now = await reader.now()
+        more = len(found) > PAGE_SIZE
+        found = found[:PAGE_SIZE]
+        return self._render(
+            request,
+            "batches.html",
+            page="batches",
+            batches=found,
+            paged=before is not None,
+            older=str(found[-1].id) if more else None,
+            ago=lambda at: _views.ago(at, now),
+        )
+
+    async def batch(self, request: Request) -> Response:
+        batch_id = _ulid(request.path_params["batch_id"], "the path", noun="batch")
+        assert batch_id is not None
+        async with self._store().reading() as reader:
+            status = await reader.batch(batch_id)
+            if status is None:
+                raise HTTPException(404, f"No batch {batch_id} (never stored, or pruned).")
+            callbacks = await reader.batch_callbacks(batch_id)
+            now = await reader.now()
+        return self._render(
+            request,
+            "batch.html",
+            page="batches",
+            batch=status,
+            callbacks=callbacks,
             ago=lambda at: _views.ago(at, now),
         )
 
@@ -439,6 +478,16 @@ class _Pages:
             raise HTTPException(400, f"Not paused: {exc}") from None
         return self._back(request, form, "paused", 1, default="/queues", queue=name)
 
+    async def cancel_batch(self, request: Request) -> Response:
+        form = await self._form(request)
+        batch_id = _ulid(request.path_params["batch_id"], "the path", noun="batch")
+        assert batch_id is not None
+        try:
+            skipped = await self._store().cancel_batch(batch_id)
+        except LookupError:
+            raise HTTPException(404, f"No batch {batch_id} (never stored, or pruned).") from None
+        return self._back(request, form, "cancelled", skipped, default=f"/batches/{batch_id}")
+
     async def resume(self, request: Request) -> Response:
         form = await self._form(request)
         name = form.get("queue", "")
@@ -462,13 +511,13 @@ def _status(text: str | None) -> JobStatus | None:
         ) from None
 
 
-def _ulid(text: str | None, what: str) -> ULID | None:
+def _ulid(text: str | None, what: str, *, noun: str = "job") -> ULID | None:
     if not text:
         return None
     try:
         return ULID.from_str(text)
     except ValueError:
-        raise HTTPException(404, f"Not a job id: {what} must be a 26-character ULID.") from None
+        raise HTTPException(404, f"Not a {noun} id: {what} must be a 26-character ULID.") from None
 
 
 def _here(request: Request) -> str:

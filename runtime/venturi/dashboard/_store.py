@@ -5,7 +5,7 @@ of a page agree with each other) whose statements are bounded by a statement tim
 first (`dashboard_session`). Reads go through the public `Queue` on that connection
 (`store.using(conn)`), plus the few statements of `_db/queries/dashboard.sql`.
 
-Pause and resume go through the public `Queue` too, on a write transaction of the same
+Pause, resume and cancelling a batch go through the public `Queue` too, on a write transaction of the same
 bounds. Retry and forget are here until the failed-jobs API of the store lands; they change dead
 jobs only, each batch in one short transaction.
 """
@@ -24,7 +24,15 @@ from ulid import ULID
 from venturi._db import sql
 from venturi._db.run import discard_if_broken, release
 from venturi.codec import DEFAULT_CODEC, Codec
-from venturi.jobs import Job, JobFilter, JobStatus, JournalEntry, MinuteCounts, Stats
+from venturi.jobs import (
+    BatchStatus,
+    Job,
+    JobFilter,
+    JobStatus,
+    JournalEntry,
+    MinuteCounts,
+    Stats,
+)
 from venturi.pauses import QueueState
 from venturi.postgres import PostgresStore
 from venturi.queue import Queue
@@ -47,6 +55,17 @@ class Finished:
     failed: int
     at: datetime
     """The database's clock when read."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCallback:
+    """One callback job of a batch."""
+
+    name: str
+    """then, catch or finally."""
+    id: ULID
+    kind: str
+    status: JobStatus
 
 
 class Reader:
@@ -107,6 +126,23 @@ class Reader:
     async def per_minute(self) -> list[MinuteCounts]:
         return await self.queue.finished_per_minute()
 
+    async def batches(self, limit: int, before: ULID | None) -> list[BatchStatus]:
+        return await self.queue.recent_batches(limit, before=before)
+
+    async def batch(self, batch_id: ULID) -> BatchStatus | None:
+        return await self.queue.batch_status(batch_id)
+
+    async def batch_callbacks(self, batch_id: ULID) -> list[BatchCallback]:
+        """The batch's callbacks, in the order they are decided: catch, then, finally."""
+        rows = await self._fetch("dashboard_batch_callbacks", id=batch_id.to_uuid())
+        found = {
+            r["batch_callback"]: BatchCallback(
+                r["batch_callback"], ULID.from_bytes(r["id"].bytes), r["kind"], JobStatus(r["status"])
+            )
+            for r in rows
+        }
+        return [found[name] for name in ("catch", "then", "finally") if name in found]
+
 
 class DashboardStore:
     """The dashboard's view of one store (one table prefix)."""
@@ -155,6 +191,11 @@ class DashboardStore:
         async with self._connection(readonly=False) as conn:
             queue = Queue(self.store.using(conn), codec=self._codec)
             return await queue.pause(name, reason=reason, until=until)
+
+    async def cancel_batch(self, batch_id: ULID) -> int:
+        """Cancel the batch (`Queue.cancel_batch`); how many jobs were skipped."""
+        async with self._connection(readonly=False) as conn:
+            return await Queue(self.store.using(conn), codec=self._codec).cancel_batch(batch_id)
 
     async def resume(self, name: str) -> bool:
         """Resume the named queue; whether it was paused (`Queue.resume`)."""

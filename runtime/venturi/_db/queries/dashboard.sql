@@ -71,3 +71,9 @@ WITH doomed AS (
     DELETE FROM {prefix}_journal WHERE job_id IN (SELECT id FROM doomed)
 )
 DELETE FROM {prefix}_jobs WHERE id IN (SELECT id FROM doomed) RETURNING id;
+
+-- dashboard_batch_callbacks --
+-- A batch's callback jobs, by name (one probe each of the batch index).
+SELECT batch_callback, id, kind, status
+FROM {prefix}_jobs
+WHERE batch_id = :id AND batch_callback IN ('then', 'catch', 'finally');
