@@ -30,6 +30,7 @@ from venturi.jobs import JobFilter, JobStatus
 from venturi.postgres import PostgresStore
 
 PAGE_SIZE = 50
+CHAINS_PAGE = 25
 MAX_FORM_BYTES = 4096
 FINISHED_WINDOW = timedelta(hours=1)
 _NOTICE_PARAMS = ("notice", "n", "q")
@@ -95,6 +96,7 @@ def app(
         Route("/queues", pages.queues, name="queues"),
         Route("/workers", pages.workers, name="workers"),
         Route("/schedules", pages.schedules, name="schedules"),
+        Route("/chains", pages.chains, name="chains"),
         Route("/queues/pause", pages.pause, methods=["POST"]),
         Route("/queues/resume", pages.resume, methods=["POST"]),
         Route("/jobs/{job_id}/retry", pages.retry, methods=["POST"]),
@@ -268,6 +270,25 @@ class _Pages:
             ago=lambda at: _views.ago(at, now),
         )
 
+    async def chains(self, request: Request) -> Response:
+        before = _ulid(request.query_params.get("before"), "before=")
+        async with self._store().reading() as reader:
+            found = await reader.chains(before=before, limit=CHAINS_PAGE + 1)
+            now = await reader.now()
+        more = len(found) > CHAINS_PAGE
+        chains = [_views.chain(head, links) for head, links in found[:CHAINS_PAGE]]
+        return self._render(
+            request,
+            "chains.html",
+            page="chains",
+            chains=chains,
+            paged=before is not None,
+            older=str(chains[-1].head) if more else None,
+            now=now,
+            link_status=lambda link: _views.link_status(link, now),
+            ago=lambda at: _views.ago(at, now),
+        )
+
     async def jobs(self, request: Request) -> Response:
         params = request.query_params
         status = _status(params.get("status"))
@@ -312,17 +333,25 @@ class _Pages:
         async with self._store().reading() as reader:
             found = await reader.job(job_id)
             entries = await reader.journal(job_id) if found is not None else []
+            links, earlier = await reader.job_chain(job_id) if found else ([], False)
             now = await reader.now()
         if found is None:
             raise HTTPException(404, f"No job {job_id}: it never existed, or it was deleted.")
+        # A link of a chain when another link points at it or it points at one.
+        in_chain = len(links) > 1 or earlier
+        chain = _views.chain(links[0].id, links, earlier=earlier) if in_chain else None
+        place = _views.place_in(chain, job_id) if chain is not None else None
         return self._render(
             request,
             "job.html",
             page="jobs",
             job=found,
             entries=entries,
+            chain=chain,
+            place=place,
             now=now,
             shown=_views.shown_status(found, now),
+            link_status=lambda link: _views.link_status(link, now),
             ago=lambda at: _views.ago(at, now),
         )
 

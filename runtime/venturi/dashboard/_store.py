@@ -39,6 +39,45 @@ BULK_LIMIT = 10_000
 """Jobs "retry all" changes per click at most: a click never holds a request for minutes."""
 
 
+CHAIN_LINKS = 100
+"""Links of one chain a page reads at most (a longer chain says that more follow)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ChainLink:
+    """One link of a chain, as the chains page and a job's page show it."""
+
+    id: ULID
+    position: int
+    """1 for the first link read (the head, unless cleanup deleted earlier finished links)."""
+    kind: str
+    queue: str
+    status: JobStatus
+    run_at: datetime
+    created_at: datetime
+    finished_at: datetime | None
+    failures: int
+    last_error: str | None
+    has_next: bool
+    """It points at a next link (which the walk may not have read: the cap)."""
+
+
+def _link(r: asyncpg.Record) -> ChainLink:
+    return ChainLink(
+        id=ULID.from_bytes(r["id"].bytes),
+        position=r["position"],
+        kind=r["kind"],
+        queue=r["queue"],
+        status=JobStatus(r["status"]),
+        run_at=r["run_at"],
+        created_at=r["created_at"],
+        finished_at=r["finished_at"],
+        failures=r["failures"],
+        last_error=r["last_error"],
+        has_next=r["chain_next"] is not None,
+    )
+
+
 @dataclass(frozen=True, slots=True)
 class Finished:
     """Jobs finished since a moment, each count capped at `COUNT_CAP`."""
@@ -91,6 +130,28 @@ class Reader:
 
     async def journal(self, job_id: ULID) -> list[JournalEntry]:
         return await self.queue.job_journal(job_id)
+
+    async def chains(
+        self, *, before: ULID | None, limit: int
+    ) -> list[tuple[ULID, list[ChainLink]]]:
+        """The newest `limit` chains whose head is older than `before`, newest first, each
+        its links in order (at most `CHAIN_LINKS`)."""
+        rows = await self._fetch(
+            "dashboard_chains",
+            before_id=before.to_uuid() if before is not None else None,
+            limit=limit,
+            max_links=CHAIN_LINKS,
+        )
+        chains: dict[Any, list[ChainLink]] = {}
+        for r in rows:
+            chains.setdefault(r["head"], []).append(_link(r))
+        return [(ULID.from_bytes(head.bytes), links) for head, links in chains.items()]
+
+    async def job_chain(self, job_id: ULID) -> tuple[list[ChainLink], bool]:
+        """The links of the chain `job_id` is in (only itself when it is in none), and
+        whether the chain starts before the first link returned (the walk back's cap)."""
+        rows = await self._fetch("dashboard_job_chain", id=job_id.to_uuid(), max_links=CHAIN_LINKS)
+        return [_link(r) for r in rows], bool(rows and rows[0]["before"])
 
     async def queue_states(self) -> list[QueueState]:
         return await self.queue.queues()
