@@ -135,7 +135,7 @@ async def test_retry_forget_and_retry_all_change_the_database(
         job = await queue.job(first)
         assert job is not None and job.status is JobStatus.PENDING
         journal = await queue.job_journal(first)
-        assert [e.outcome for e in journal] == [JournalOutcome.DEAD, JournalOutcome.RELEASED]
+        assert [e.outcome for e in journal] == [JournalOutcome.DEAD, JournalOutcome.RETRIED]
         assert journal[-1].note is not None and "retried from the dashboard" in journal[-1].note
         assert await page.locator(f"tr[data-job='{first}']").count() == 0
 

@@ -26,6 +26,7 @@ from ulid import ULID
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.dashboard import _guard, _views
 from venturi.dashboard._store import BULK_LIMIT, DashboardStore
+from venturi.errors import JobStateError
 from venturi.jobs import JobFilter, JobStatus
 from venturi.postgres import PostgresStore
 
@@ -36,7 +37,7 @@ FINISHED_WINDOW = timedelta(hours=1)
 _NOTICE_PARAMS = ("notice", "n", "q")
 
 _NOTICES = {
-    "retried": "Retried {n} job(s): pending again, eligible now.",
+    "retried": "Retried {n} job(s): pending again, eligible now, with every attempt again.",
     "retried_none": "Nothing retried: the job is no longer dead (another click got there first?).",
     "retried_all": "Retried {n} dead job(s).",
     "retried_all_more": "Retried {n} dead job(s); more remain (at most {limit:,} a click): "
@@ -428,19 +429,22 @@ class _Pages:
         form = await self._form(request)
         job_id = _ulid(request.path_params["job_id"], "the path")
         assert job_id is not None
-        done = await self._store().retry([job_id], actor=_guard.actor(request))
-        return self._back(request, form, "retried" if done else "retried_none", len(done))
+        try:
+            done = await self._store().retry(job_id, actor=_guard.actor(request))
+        except JobStateError as exc:  # a unique job whose id another job holds now
+            raise HTTPException(409, f"Not retried: {exc}.") from None
+        return self._back(request, form, "retried" if done else "retried_none", int(done))
 
     async def forget(self, request: Request) -> Response:
         form = await self._form(request)
         job_id = _ulid(request.path_params["job_id"], "the path")
         assert job_id is not None
-        done = await self._store().forget([job_id])
+        done = await self._store().forget(job_id)
         base = request.scope.get("root_path", "").rstrip("/")
         # The job's own page is gone: back to where the click came from, unless that was it.
         if (form.get("next") or "").split("?")[0] == f"{base}/jobs/{job_id}":
             form = {**form, "next": f"{base}/failed"}
-        return self._back(request, form, "forgot" if done else "forgot_none", len(done))
+        return self._back(request, form, "forgot" if done else "forgot_none", int(done))
 
     async def retry_all(self, request: Request) -> Response:
         form = await self._form(request)

@@ -5,14 +5,14 @@ of a page agree with each other) whose statements are bounded by a statement tim
 first (`dashboard_session`). Reads go through the public `Queue` on that connection
 (`store.using(conn)`), plus the few statements of `_db/queries/dashboard.sql`.
 
-Pause and resume go through the public `Queue` too, on a write transaction of the same
-bounds. Retry and forget are here until the failed-jobs API of the store lands; they change dead
-jobs only, each batch in one short transaction.
+Pause, resume, retry and forget go through the public `Queue` too (one semantics, whoever
+clicks), on a write transaction of the same bounds; retry all runs `Queue.retry_all`, whose
+batches are short transactions of their own.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -24,6 +24,7 @@ from ulid import ULID
 from venturi._db import sql
 from venturi._db.run import discard_if_broken, release
 from venturi.codec import DEFAULT_CODEC, Codec
+from venturi.errors import JobStateError
 from venturi.jobs import Job, JobFilter, JobStatus, JournalEntry, MinuteCounts, Stats
 from venturi.pauses import QueueState
 from venturi.postgres import PostgresStore
@@ -33,8 +34,6 @@ from venturi.schedules import ScheduleInfo
 
 COUNT_CAP = 10_000
 """Counts read from the jobs table (not the kept counters) stop here: "10,000+"."""
-BATCH = 1_000
-"""Jobs changed per transaction by "retry all" (short locks, short WAL bursts)."""
 BULK_LIMIT = 10_000
 """Jobs "retry all" changes per click at most: a click never holds a request for minutes."""
 
@@ -222,52 +221,37 @@ class DashboardStore:
         async with self._connection(readonly=False) as conn:
             return await Queue(self.store.using(conn), codec=self._codec).resume(name)
 
-    async def retry(self, ids: Sequence[ULID], *, actor: str) -> list[ULID]:
-        """Dead jobs among `ids` back to pending, eligible now, journaled and announced in
-        one transaction; returns those retried (a job no longer dead is left alone)."""
+    async def retry(self, job_id: ULID, *, actor: str) -> bool:
+        """`Queue.retry` with the actor in the journal's note; False when the job is no
+        longer dead (another click got there first, or it is gone). A unique job whose id
+        another job holds now stays dead: `JobStateError` says which job holds it."""
         async with self._connection(readonly=False) as conn:
-            return await self._retry(conn, [i.to_uuid() for i in ids], actor)
+            queue = Queue(self.store.using(conn), codec=self._codec)
+            try:
+                await queue.retry(job_id, note=retry_note(actor))
+            except JobStateError as exc:
+                if exc.status == JobStatus.DEAD.value:
+                    raise
+                return False
+        return True
 
-    async def forget(self, ids: Sequence[ULID]) -> list[ULID]:
-        """Delete the dead jobs among `ids` and their journal; returns those deleted."""
-        stmt = self._q["dashboard_job_forget"]
+    async def forget(self, job_id: ULID) -> bool:
+        """`Queue.forget`: delete the dead job and its journal; False when it is no longer
+        dead (or gone)."""
         async with self._connection(readonly=False) as conn:
-            rows = await conn.fetch(stmt.text, *stmt.args({"ids": [i.to_uuid() for i in ids]}))
-        return [ULID.from_bytes(r["id"].bytes) for r in rows]
+            try:
+                await Queue(self.store.using(conn), codec=self._codec).forget(job_id)
+            except JobStateError:
+                return False
+        return True
 
-    async def retry_all(
-        self,
-        *,
-        cutoff: datetime | None = None,
-        kind: str | None,
-        actor: str,
-        limit: int = BULK_LIMIT,
-        on_batch: Callable[[int], None] | None = None,
-    ) -> int:
-        """Retry the jobs that were dead at `cutoff` (the database's clock; default: now), of
-        `kind` or all, `BATCH` per transaction, at most `limit`; returns how many. Retried
-        jobs are pending, so each batch finds the next ones; one that dies again after
-        `cutoff` is not taken again."""
-        if cutoff is None:
-            async with self.reading() as reader:
-                cutoff = await reader.now()
-        total = 0
-        pick = self._q["dashboard_dead_ids"]
-        while total < limit:
-            async with self._connection(readonly=False) as conn:
-                rows = await conn.fetch(
-                    pick.text,
-                    *pick.args(
-                        {"cutoff": cutoff, "kind": kind, "limit": min(BATCH, limit - total)}
-                    ),
-                )
-                if not rows:
-                    break
-                retried = await self._retry(conn, [r["id"] for r in rows], actor)
-            total += len(retried)
-            if on_batch is not None:
-                on_batch(total)
-        return total
+    async def retry_all(self, *, kind: str | None, actor: str, limit: int = BULK_LIMIT) -> int:
+        """`Queue.retry_all` of `kind` (None: every kind), at most `limit` a click; returns
+        how many. Its batches are short statements of their own on the store's pool (a
+        transaction around them all would hold every lock to the end)."""
+        return await Queue(self.store, codec=self._codec).retry_all(
+            kind=kind, note=retry_note(actor), limit=limit
+        )
 
     async def dead_count(self, kind: str | None) -> int:
         """Dead jobs (of `kind`, or all) from the kept counters."""
@@ -279,17 +263,7 @@ class DashboardStore:
             if kind is None or k == kind
         )
 
-    async def _retry(self, conn: Any, ids: list[Any], actor: str) -> list[ULID]:
-        stmt = self._q["dashboard_job_retry"]
-        rows = await conn.fetch(
-            stmt.text,
-            *stmt.args(
-                {
-                    "ids": ids,
-                    "note": f"retried from the dashboard by {actor}",
-                    "actor": "dashboard",
-                    "channel": self.store.channel,
-                }
-            ),
-        )
-        return [ULID.from_bytes(r["id"].bytes) for r in rows]
+
+def retry_note(actor: str) -> str:
+    """The note of a retry's journal entry: who clicked."""
+    return f"retried from the dashboard by {actor}"

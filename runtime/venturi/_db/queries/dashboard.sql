@@ -1,6 +1,7 @@
 -- The dashboard's own statements (venturi.dashboard). Reads run in a read-only transaction
 -- that dashboard_session bounds first; every read is cheap at any table size (the kept
--- counters, capped counts, index range scans). The actions change dead jobs only.
+-- counters, capped counts, index range scans). The actions are the queue's own (Queue.retry,
+-- retry_all, forget, pause, resume: failed.sql, queues.sql).
 
 -- dashboard_session --
 -- Bound every statement of this transaction (SET LOCAL, with a parameter): no dashboard query
@@ -31,46 +32,6 @@ SELECT
         SELECT 1 FROM {prefix}_jobs
         WHERE status = 'dead' AND finished_at >= now() - :ago::interval LIMIT :cap) AS f)::bigint AS failed,
     now() AS at;
-
--- dashboard_dead_ids --
--- Up to :limit dead jobs (of :kind, NULL = any) that died at or before :cutoff, oldest death
--- first, locked for a retry or forget (skipping any another click holds).
-SELECT id FROM {prefix}_jobs
-WHERE status = 'dead' AND finished_at <= :cutoff AND (:kind::text IS NULL OR kind = :kind)
-ORDER BY finished_at
-LIMIT :limit
-FOR UPDATE SKIP LOCKED;
-
--- dashboard_job_retry --
--- Dead jobs back to pending, eligible now, with a journal row each and a wake-up per kind, in
--- one statement. Only jobs still dead change (a job retried by another click meanwhile is left
--- alone and not returned). `failures` is kept: a job that died at the backstop gets one more
--- run (a permanent error still ends it at once). Journaled as 'released' (handed back,
--- eligible at once, not a failure) with :note saying who retried it.
-WITH retried AS (
-    UPDATE {prefix}_jobs SET
-        status = 'pending',
-        run_at = now(),
-        finished_at = NULL
-    WHERE id = ANY(:ids::uuid[]) AND status = 'dead'
-    RETURNING id, kind, run_count
-), journal AS (
-    INSERT INTO {prefix}_journal (job_id, run, outcome, note, worker)
-    SELECT id, run_count, 'released', :note, :actor FROM retried
-), woken AS (
-    SELECT pg_notify(:channel, kind) FROM (SELECT DISTINCT kind FROM retried) AS kinds
-)
-SELECT retried.id, (SELECT count(*) FROM woken) AS woken FROM retried;
-
--- dashboard_job_forget --
--- Delete dead jobs and their journal. Only dead jobs: a pending or running job is never
--- deleted from here.
-WITH doomed AS (
-    SELECT id FROM {prefix}_jobs WHERE id = ANY(:ids::uuid[]) AND status = 'dead' FOR UPDATE
-), journal AS (
-    DELETE FROM {prefix}_journal WHERE job_id IN (SELECT id FROM doomed)
-)
-DELETE FROM {prefix}_jobs WHERE id IN (SELECT id FROM doomed) RETURNING id;
 
 -- dashboard_chains --
 -- The newest :limit chains whose head (a link no job's chain_next points at) is older than
