@@ -33,7 +33,6 @@ from venturi.postgres import PostgresStore
 PAGE_SIZE = 50
 CHAINS_PAGE = 25
 MAX_FORM_BYTES = 4096
-FINISHED_WINDOW = timedelta(hours=1)
 _NOTICE_PARAMS = ("notice", "n", "q")
 
 _NOTICES = {
@@ -126,7 +125,6 @@ def _environment() -> jinja2.Environment:
     )
     env.filters.update(
         number=_views.number,
-        capped=_views.capped,
         duration=_views.duration,
         timestamp=_views.timestamp,
         pretty=_views.pretty,
@@ -213,19 +211,19 @@ class _Pages:
         async with self._store().reading() as reader:
             stats = await reader.stats()
             counts = await reader.counts()
-            finished = await reader.finished_since(FINISHED_WINDOW)
             states = await reader.queue_states()
             minutes = await reader.per_minute()
-        view = _views.overview(stats, counts, finished)
+            now = await reader.now()
+        view = _views.overview(stats, counts)
         return self._render(
             request,
             "overview.html",
             page="overview",
             view=view,
             queues=_views.queue_rows(stats, states),
-            chart=_views.minute_chart(minutes, finished.at),
-            now=finished.at,
-            ago=lambda at: _views.ago(at, finished.at),
+            chart=_views.minute_chart(minutes, now),
+            now=now,
+            ago=lambda at: _views.ago(at, now),
         )
 
     async def queues(self, request: Request) -> Response:

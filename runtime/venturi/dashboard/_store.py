@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -32,8 +32,6 @@ from venturi.queue import Queue
 from venturi.registry import WorkerInfo
 from venturi.schedules import ScheduleInfo
 
-COUNT_CAP = 10_000
-"""Counts read from the jobs table (not the kept counters) stop here: "10,000+"."""
 BULK_LIMIT = 10_000
 """Jobs "retry all" changes per click at most: a click never holds a request for minutes."""
 
@@ -77,16 +75,6 @@ def _link(r: asyncpg.Record) -> ChainLink:
     )
 
 
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """Jobs finished since a moment, each count capped at `COUNT_CAP`."""
-
-    done: int
-    failed: int
-    at: datetime
-    """The database's clock when read."""
-
-
 class Reader:
     """The reads of one page, on one connection, inside its bounded transaction."""
 
@@ -109,11 +97,6 @@ class Reader:
         for r in await self._fetch("dashboard_counts"):
             found.setdefault(r["kind"], {})[JobStatus(r["status"])] = r["n"]
         return found
-
-    async def finished_since(self, ago: timedelta) -> Finished:
-        rows = await self._fetch("dashboard_finished_since", ago=ago, cap=COUNT_CAP)
-        row = rows[0]
-        return Finished(done=row["done"], failed=row["failed"], at=row["at"])
 
     async def now(self) -> datetime:
         """The database's clock, as of this page's snapshot."""

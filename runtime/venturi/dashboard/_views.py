@@ -12,7 +12,7 @@ from typing import Any
 
 from ulid import ULID
 
-from venturi.dashboard._store import COUNT_CAP, ChainLink, Finished
+from venturi.dashboard._store import ChainLink
 from venturi.jobs import Job, JobStatus, MinuteCounts, Stats
 from venturi.pauses import QueueState
 from venturi.registry import WorkerInfo
@@ -51,13 +51,13 @@ class Overview:
     dead: int
     done_total: int
     oldest_wait: float | None
-    finished: Finished
+    done_hour: int
+    failed_hour: int
+    """Jobs done, and failed for good, in the last hour: the per-minute counters (`Stats`)."""
     kinds: tuple[KindRow, ...]
 
 
-def overview(
-    stats: Stats, counts: Mapping[str, Mapping[JobStatus, int]], finished: Finished
-) -> Overview:
+def overview(stats: Stats, counts: Mapping[str, Mapping[JobStatus, int]]) -> Overview:
     kinds = sorted(
         set(counts)
         | set(stats.pending_by_kind)
@@ -84,7 +84,8 @@ def overview(
         dead=stats.dead,
         done_total=sum(r.done for r in rows),
         oldest_wait=stats.oldest_pending_age,
-        finished=finished,
+        done_hour=stats.done_last_hour,
+        failed_hour=stats.failed_last_hour,
         kinds=rows,
     )
 
@@ -335,11 +336,6 @@ def status_totals(counts: Mapping[str, Mapping[JobStatus, int]]) -> dict[JobStat
 def number(n: int) -> str:
     """1234567 -> '1,234,567'."""
     return f"{n:,}"
-
-
-def capped(n: int) -> str:
-    """A count read with a cap: '10,000+' at the cap."""
-    return f"{COUNT_CAP:,}+" if n >= COUNT_CAP else f"{n:,}"
 
 
 def duration(seconds: float | None) -> str:

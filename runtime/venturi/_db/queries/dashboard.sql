@@ -1,6 +1,6 @@
 -- The dashboard's own statements (venturi.dashboard). Reads run in a read-only transaction
 -- that dashboard_session bounds first; every read is cheap at any table size (the kept
--- counters, capped counts, index range scans). The actions are the queue's own (Queue.retry,
+-- counters, index range scans). The actions are the queue's own (Queue.retry,
 -- retry_all, forget, pause, resume: failed.sql, queues.sql).
 
 -- dashboard_session --
@@ -20,18 +20,6 @@ ORDER BY kind, status;
 -- dashboard_now --
 -- The database's clock (the transaction's start: the moment the page's snapshot shows).
 SELECT now() AS now;
-
--- dashboard_finished_since --
--- Jobs that finished (completed, dead) in the last :ago, each count capped at :cap so it stays a
--- short range scan of {prefix}_jobs_finished_idx however busy the hour was.
-SELECT
-    (SELECT count(*) FROM (
-        SELECT 1 FROM {prefix}_jobs
-        WHERE status = 'completed' AND finished_at >= now() - :ago::interval LIMIT :cap) AS d)::bigint AS done,
-    (SELECT count(*) FROM (
-        SELECT 1 FROM {prefix}_jobs
-        WHERE status = 'dead' AND finished_at >= now() - :ago::interval LIMIT :cap) AS f)::bigint AS failed,
-    now() AS at;
 
 -- dashboard_chains --
 -- The newest :limit chains whose head (a link no job's chain_next points at) is older than
