@@ -250,3 +250,10 @@ def test_the_minute_chart_sums_queues_and_kinds_and_scales_to_the_busiest_minute
     assert last.done_h == 0 and last.failed_h == _views.CHART_HEIGHT / 2
     empty = _views.minute_chart([], now)
     assert empty.bars == () and empty.peak == 0
+
+
+def test_a_retry_note_names_who_clicked_and_stays_short() -> None:
+    from venturi.dashboard._store import retry_note
+
+    assert retry_note("ada") == "retried from the dashboard by ada"
+    assert len(retry_note("x" * 5000)) < 1000  # Queue.retry(note=) takes up to 1,000

@@ -248,5 +248,6 @@ class DashboardStore:
 
 
 def retry_note(actor: str) -> str:
-    """The note of a retry's journal entry: who clicked."""
-    return f"retried from the dashboard by {actor}"
+    """The note of a retry's journal entry: who clicked (a long name cut: the note's bound)."""
+    name = actor if len(actor) <= 200 else actor[:199] + "…"
+    return f"retried from the dashboard by {name}"

@@ -26,7 +26,8 @@ SELECT now() AS now;
 -- :before_id (NULL: from the newest), each walked from its head along chain_next, at most
 -- :max_links links. Cheap at any table size: the heads come newest first off the chained
 -- jobs' id index (only jobs with a next link are in it), the "nothing points at it" test is one
--- probe of the chain_next index, each step a primary-key lookup (migration 0014). A chain's
+-- probe of the chain_next index, each step a primary-key lookup (the chain_links migration
+-- adds both indexes); the scan passes each chain's other linked jobs once. A chain's
 -- last link has no chain_next, so it is reached by the walk only. A head is the first link
 -- left: when cleanup deleted finished links, the chain shows from the first one kept.
 WITH RECURSIVE heads AS (
