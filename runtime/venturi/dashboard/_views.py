@@ -26,6 +26,7 @@ STATUS_LABELS = {
     JobStatus.COMPLETED: "done",
     JobStatus.DEAD: "dead",
     JobStatus.WAITING: "waiting",
+    JobStatus.CANCELLED: "cancelled",
 }
 
 
