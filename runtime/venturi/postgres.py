@@ -1354,18 +1354,29 @@ class PostgresStore:
         return known
 
     async def retry_all_failed(
-        self, *, queue: str | None, kind: str | None, note: str, batch_size: int = 500
+        self,
+        *,
+        queue: str | None,
+        kind: str | None,
+        note: str,
+        batch_size: int = 500,
+        limit: int | None = None,
     ) -> int:
-        """Retry every dead job of `queue` and `kind` (None: any), in bounded batches."""
+        """Retry every dead job of `queue` and `kind` (None: any), in bounded batches; at
+        most `limit` (None: all)."""
         total = 0
+
+        def room() -> int:
+            return batch_size if limit is None else min(batch_size, limit - total)
+
         after: uuid.UUID | None = None
-        while True:
+        while room() > 0:
             row = await self._run.fetchrow(
                 self._q["failed_retry_batch"],
                 queue=queue,
                 kind=kind,
                 after_id=after,
-                limit=batch_size,
+                limit=room(),
                 note=note,
                 channel=self.channel,
             )
@@ -1375,13 +1386,13 @@ class PostgresStore:
                 break
             after = row["last_id"]
         after = None
-        while True:  # unique jobs, one by one: each takes its unique id again, if it is free
+        while room() > 0:  # unique jobs, one by one: each takes its unique id again, if free
             rows = await self._run.fetch(
                 self._q["failed_unique_ids"],
                 queue=queue,
                 kind=kind,
                 after_id=after,
-                limit=batch_size,
+                limit=room(),
             )
             for r in rows:
                 try:
@@ -1392,6 +1403,7 @@ class PostgresStore:
             if len(rows) < batch_size:
                 return total
             after = rows[-1]["id"]
+        return total
 
     @_schema_required
     async def forget_failed(self, job_id: ULID | uuid.UUID) -> JobStatus | None:

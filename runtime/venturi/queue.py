@@ -646,22 +646,35 @@ class Queue:
             codec=self.codec,
         )
 
-    async def retry(self, job_id: ULID) -> None:
+    async def retry(self, job_id: ULID, *, note: str | None = None) -> None:
         """Put a failed job back in its queue, eligible now, with a fresh failure count (so
-        it gets every attempt again); its journal is kept and gains a `retried` entry, and a
-        worker of its queue is woken. A job that is missing or has not failed is a
-        `JobStateError` naming its status, and nothing changes."""
-        before = await self.store.retry_failed(job_id, note=RETRY_NOTE)
+        it gets every attempt again); its journal is kept and gains a `retried` entry (its
+        note: `note`, say who retried it; "retried by hand" by default), and a worker of its
+        queue is woken. A job that is missing or has not failed is a `JobStateError` naming
+        its status, and nothing changes."""
+        before = await self.store.retry_failed(job_id, note=_retry_note(note))
         _expect_dead(job_id, before, "retried")
 
     async def retry_all(
-        self, *, kind: str | type[Task[Any]] | None = None, queue: str | None = None
+        self,
+        *,
+        kind: str | type[Task[Any]] | None = None,
+        queue: str | None = None,
+        note: str | None = None,
+        limit: int | None = None,
     ) -> int:
-        """Retry every failed job of `kind` and `queue` (None: any), as `retry` does; returns
-        how many. Works in bounded batches, each its own short transaction. A queue nothing
-        names (no job kept in it, no pause, no worker) is a ValueError, most likely a typo."""
+        """Retry every failed job of `kind` and `queue` (None: any), as `retry` does (`note`
+        too); returns how many. Works in bounded batches, each its own short transaction,
+        oldest first; `limit` stops it after that many (None: all). A queue nothing names
+        (no job kept in it, no pause, no worker) is a ValueError, most likely a typo."""
         name, kind_name = _queue_filter(queue), _kind_filter(kind)
-        n = await self.store.retry_all_failed(queue=name, kind=kind_name, note=RETRY_NOTE)
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
+        ):
+            raise ValueError(f"retry_all(limit=): expected an int >= 1 or None, got {limit!r}")
+        n = await self.store.retry_all_failed(
+            queue=name, kind=kind_name, note=_retry_note(note), limit=limit
+        )
         if n == 0 and name is not None and not await self.store.queue_known(name):
             raise ValueError(
                 f"retry_all(queue={name!r}): unknown queue (no job, pause or worker names it)"
@@ -810,6 +823,16 @@ class Queue:
 
 RETRY_NOTE = "retried by hand"
 """The note of the `retried` journal entry `Queue.retry` and `retry_all` write."""
+
+
+def _retry_note(note: str | None) -> str:
+    if note is None:
+        return RETRY_NOTE
+    if not isinstance(note, str) or not note.strip() or len(note) > 1000:
+        raise ValueError(
+            f"retry(note=): expected a non-empty str of at most 1000 characters, got {note!r:.80}"
+        )
+    return note
 
 
 def _queue_filter(queue: str | None) -> str | None:
