@@ -6,9 +6,9 @@ A private embedded PostgreSQL (127.0.0.1, stopped at the end) gets N jobs in one
 scheduled for later), 0.1 % claimed, 1.9 % dead spread through the table, over 8 kinds and 3
 queues, ids ULIDs in creation order; one job in a hundred is a link of a chain of three (a
 link after one not completed waits); twelve workers, twenty schedules, and two hours of
-per-minute counters. Each page is requested in-process (httpx on the ASGI
-app) 5 times to warm up, then ``--runs`` times; the figure is the app's own Server-Timing
-(gate, queries, rendering), median and 95th percentile.
+per-minute counters; a thousand batches, one job in a hundred a member. Each page is
+requested in-process (httpx on the ASGI app) 5 times to warm up, then ``--runs`` times; the
+figure is the app's own Server-Timing (gate, queries, rendering), median and 95th percentile.
 """
 
 from __future__ import annotations
@@ -75,6 +75,30 @@ WHERE p.chain_next = t.id AND p.status <> 'completed' AND t.status <> 'waiting'
 """
 """A link whose previous link has not completed waits (twice: the third link after the second)."""
 
+BATCHES = """
+WITH heads AS (
+    SELECT id, row_number() OVER (ORDER BY id) - 1 AS b
+    FROM (SELECT id, row_number() OVER (ORDER BY id) AS r FROM {p}_jobs
+          WHERE chain_next IS NULL AND status <> 'waiting') AS t
+    WHERE r % (SELECT greatest(1, count(*) / 1000) FROM {p}_jobs) = 0
+), members AS (
+    UPDATE {p}_jobs AS j SET batch_id = h.id
+    FROM heads AS h
+    WHERE j.chain_next IS NULL AND j.status <> 'waiting'
+      AND abs(hashtext(j.id::text)) % 100 = 7
+      AND abs(hashtext(j.id::text) / 100) % (SELECT count(*) FROM heads) = h.b
+    RETURNING j.batch_id, j.status
+)
+INSERT INTO {p}_batches (id, name, created_at, allow_failures, total, pending, done, failed,
+                         finished_at)
+SELECT batch_id, 'batch-' || left(batch_id::text, 8), now() - interval '1 day', true, count(*),
+       count(*) FILTER (WHERE status IN ('pending', 'claimed')),
+       count(*) FILTER (WHERE status = 'completed'), count(*) FILTER (WHERE status = 'dead'),
+       CASE WHEN count(*) FILTER (WHERE status IN ('pending', 'claimed')) = 0 THEN now() END
+FROM members GROUP BY batch_id
+"""
+"""A thousand batches: one job in a hundred (not a chain's) is a member of one."""
+
 REGISTRY = """
 INSERT INTO {p}_workers (id, host, pid, queues, kinds, concurrency, heartbeat_s, started_at,
                          last_seen)
@@ -127,6 +151,7 @@ async def main() -> None:
             f" SELECT queue, kind, status, 0, count(*) FROM {PREFIX}_jobs"
             " GROUP BY queue, kind, status"
         )
+        await pool.execute(BATCHES.format(p=PREFIX))
         await pool.execute(REGISTRY.format(p=PREFIX))
         await pool.execute(JOURNAL.format(p=PREFIX))
         await pool.execute(f"VACUUM ANALYZE {PREFIX}_jobs")
@@ -138,7 +163,9 @@ async def main() -> None:
             f" LIMIT 1) AS dead_id,"
             f" (SELECT id FROM {PREFIX}_jobs ORDER BY id OFFSET {total // 2} LIMIT 1) AS mid,"
             f" (SELECT id FROM {PREFIX}_jobs WHERE chain_next IS NOT NULL"
-            f" ORDER BY status = 'dead' DESC, id DESC LIMIT 1) AS held_link"
+            f" ORDER BY status = 'dead' DESC, id DESC LIMIT 1) AS held_link,"
+            f" (SELECT id FROM {PREFIX}_batches ORDER BY id"
+            f" OFFSET (SELECT count(*) / 2 FROM {PREFIX}_batches) LIMIT 1) AS mid_batch"
         )
         assert row is not None
         from ulid import ULID
@@ -146,6 +173,7 @@ async def main() -> None:
         dead_id = ULID.from_bytes(row["dead_id"].bytes)
         mid = ULID.from_bytes(row["mid"].bytes)
         held_link = ULID.from_bytes(row["held_link"].bytes)
+        mid_batch = ULID.from_bytes(row["mid_batch"].bytes)
         pages = [
             "/",
             "/jobs",
@@ -168,6 +196,9 @@ async def main() -> None:
             "/chains",
             f"/chains?before={mid}",
             f"/jobs/{held_link}",
+            "/batches",
+            f"/batches?before={mid_batch}",
+            f"/batches/{mid_batch}",
         ]
         app = dashboard.app(store, gate=lambda request: True)
         transport = httpx.ASGITransport(app=app)
