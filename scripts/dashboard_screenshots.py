@@ -131,7 +131,20 @@ async def seed(store: PostgresStore) -> None:
     await queue.enqueue_many(Charge(order=i) for i in range(40, 64))
     for order in (101, 102, 103, 104):  # 101 % 7 == 3: held at its charge
         await queue.chain(Reserve(order=order), Charge(order=order), Ship(order=order))
+    statements = queue.batch("november-statements").add(*(Receipt(order=i) for i in range(60)))
+    await statements.then(Receipt(order=0)).enqueue()
+    cards = queue.batch("card-renewals").add(*(Charge(order=i) for i in range(300, 328)))
+    await cards.catch(Receipt(order=1)).finally_(Receipt(order=2)).allow_failures().enqueue()
     await drain(store)
+    # A batch under way: a worker of its queue got through 25 of its 45 jobs so far.
+    await queue.batch("thumbnails-v2").add(*(Thumbnail(image=900 + i) for i in range(45))).enqueue()
+    await worker(store, queues=["media"], concurrency=1).run(max_jobs=25)
+    old = (
+        await queue.batch("old-export")
+        .add(*(Thumbnail(image=950 + i) for i in range(20)))
+        .enqueue()
+    )
+    await queue.cancel_batch(old)
     # Now: what waits. Ready thumbnails and receipts, scheduled ones, transcodes nobody runs,
     # a chain still running (its charge pending), and a paused queue with its reports.
     await queue.enqueue_many(Thumbnail(image=5000 + i) for i in range(37))
@@ -200,6 +213,7 @@ async def main() -> None:
             # What waits, before any worker runs it.
             pages = [("overview", "/"), ("jobs", "/jobs"), ("failed", "/failed")]
             pages += [("queues", "/queues"), ("chains", "/chains"), ("job", f"/jobs/{held.id}")]
+            pages += [("batches", "/batches")]
             await shoot(url, DOCS, pages)
             # Then live workers (they take the ready jobs), for the registry.
             live = [
