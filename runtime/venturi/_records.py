@@ -213,11 +213,22 @@ class Settlement:
     reporters), recorded with the outcome and run once (see `_undertaker`)."""
     error: BaseException | None = None
     """For a dead outcome: the exception that ended the job, if one was raised."""
+    batch_id: uuid.UUID | None = None
+    """The job's batch, if it is a member or a callback (see `PostgresStore.settle`)."""
 
     @classmethod
     def of(cls, job: ClaimedJob, outcome: SettledAs, **fields: Any) -> Settlement:
         """The settlement of `job`'s current claim."""
-        return cls(job.id, job.claim_token, job.kind, job.queue, job.run_count, outcome, **fields)
+        return cls(
+            job.id,
+            job.claim_token,
+            job.kind,
+            job.queue,
+            job.run_count,
+            outcome,
+            batch_id=job.batch_id,
+            **fields,
+        )
 
     @property
     def ulid(self) -> ULID:

@@ -791,26 +791,36 @@ class PostgresStore:
         prune = now >= self._prune_due
         if prune:
             self._prune_due = now + PRUNE_INTERVAL_S
-        rows = await self._run.fetch(
-            self._q["job_settle_many"],
-            ids=[s.id for s in settlements],
-            tokens=[s.claim_token for s in settlements],
-            outcomes=[s.outcome for s in settlements],
-            delay_s=[s.delay_s for s in settlements],
-            carries=[s.carry for s in settlements],
-            set_carry=[s.set_carry for s in settlements],
-            notes=[s.note for s in settlements],
-            attachments=[s.attachment for s in settlements],
-            durations_s=[s.duration_s for s in settlements],
-            hook_tokens=_column([s.hook_token for s in settlements]),
-            hook_lease_s=hook_lease_s,
-            results=_column([s.result for s in settlements]),
-            progress=_column([s.progress for s in settlements]),
-            worker=worker,
-            channel=self.channel,
-            results_channel=self.results_channel,
-            prune=prune,
-        )
+        values = {
+            "ids": [s.id for s in settlements],
+            "tokens": [s.claim_token for s in settlements],
+            "outcomes": [s.outcome for s in settlements],
+            "delay_s": [s.delay_s for s in settlements],
+            "carries": [s.carry for s in settlements],
+            "set_carry": [s.set_carry for s in settlements],
+            "notes": [s.note for s in settlements],
+            "attachments": [s.attachment for s in settlements],
+            "durations_s": [s.duration_s for s in settlements],
+            "hook_tokens": _column([s.hook_token for s in settlements]),
+            "hook_lease_s": hook_lease_s,
+            "results": _column([s.result for s in settlements]),
+            "progress": _column([s.progress for s in settlements]),
+            "worker": worker,
+            "channel": self.channel,
+            "results_channel": self.results_channel,
+            "prune": prune,
+        }
+        batches = sorted({s.batch_id for s in settlements if s.batch_id is not None})
+        if len(batches) < 2:
+            rows = await self._run.fetch(self._q["job_settle_many"], **values)
+        else:
+            # The member trigger updates each batch's row in whatever order the plan writes
+            # the jobs: locking the rows first, in one order, keeps two settles that span
+            # the same batches from deadlocking (a settle of one batch's jobs holds one batch
+            # row, and takes it after every other lock of its statement but the counts').
+            async with self._run.transaction() as tx:
+                await tx.execute(self._q["batch_lock"], ids=batches)
+                rows = await tx.fetch(self._q["job_settle_many"], **values)
         return {r["id"] for r in rows}
 
     async def renew_leases(

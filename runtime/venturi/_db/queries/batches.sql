@@ -7,6 +7,11 @@
 INSERT INTO {prefix}_batches (id, name, allow_failures, total, pending)
 VALUES (:id, :name, :allow_failures, :total, :total);
 
+-- batch_lock --
+-- Lock the rows of batches :ids in id order, before a settle of their members (see
+-- PostgresStore.settle): every settle takes them in one order.
+SELECT id FROM {prefix}_batches WHERE id = ANY (:ids::uuid[]) ORDER BY id FOR UPDATE;
+
 -- batch_hold_callbacks --
 -- The callbacks just inserted (with the batch's jobs) wait until the batch decides them.
 UPDATE {prefix}_jobs AS j SET status = 'waiting', batch_callback = c.which
