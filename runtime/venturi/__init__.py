@@ -4,6 +4,7 @@ Everything public is exported here; submodules prefixed with `_` are private.
 """
 
 from venturi.backoff import Backoff
+from venturi.batches import Batch
 from venturi.codec import Codec, JsonCodec
 from venturi.context import CancelReason, Context
 from venturi.encryption import KeyRing, SealedCodec
@@ -21,6 +22,7 @@ from venturi.errors import (
 from venturi.hooks import Hooks
 from venturi.identity import WorkerIdentity
 from venturi.jobs import (
+    BatchStatus,
     CleanupCriteria,
     FailedJob,
     Job,
@@ -49,6 +51,8 @@ __version__ = "0.1.0"
 __all__ = [
     "AttachmentTooLarge",
     "Backoff",
+    "Batch",
+    "BatchStatus",
     "CallNext",
     "CancelReason",
     "CleanupCriteria",

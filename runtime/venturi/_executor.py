@@ -102,6 +102,7 @@ async def execute(
         attempt=job.failures + 1,
         max_attempts=attempt_limit(job, policy),
         progress=progress,
+        batch_id=None if job.batch_id is None else ULID.from_bytes(job.batch_id.bytes),
     )
     started = time.monotonic()
     deadline = None if job.timeout_s is None else _Deadline(job, cancellation, log_extra)

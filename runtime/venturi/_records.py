@@ -41,6 +41,15 @@ class NewJob:
     timeout_s: float | None = None
 
 
+@dataclass(frozen=True, slots=True)
+class NewBatch:
+    """A batch's own row, inserted with its jobs (`PostgresStore.insert_batch`)."""
+
+    id: uuid.UUID
+    name: str
+    allow_failures: bool
+
+
 @dataclass(slots=True)
 class NewJobs:
     """Jobs to insert into one named queue, by column: entry i of every column is job i.
@@ -66,6 +75,8 @@ class NewJobs:
     """Each job's named queue, when a batch spans several; None: every job is in `queue`."""
     max_attempts: Sequence[int | None] | None = None
     timeout_s: Sequence[float | None] | None = None
+    batch_id: uuid.UUID | None = None
+    """The `Queue.batch` every job of these belongs to (None: no batch)."""
 
     def __post_init__(self) -> None:
         # A short column would be padded with NULLs by unnest(): refuse it here instead.
@@ -164,6 +175,8 @@ class ClaimedJob:
     """The task's limit on failed executions (None: the worker's backstop alone)."""
     timeout_s: float | None = None
     """How long one run may take (None: no limit)."""
+    batch_id: uuid.UUID | None = None
+    """The batch the job is a member or a callback of (`Queue.batch`), else None."""
 
 
 SettledAs = Literal["completed", "paused", "failed", "dead", "released", "returned"]
@@ -200,11 +213,22 @@ class Settlement:
     reporters), recorded with the outcome and run once (see `_undertaker`)."""
     error: BaseException | None = None
     """For a dead outcome: the exception that ended the job, if one was raised."""
+    batch_id: uuid.UUID | None = None
+    """The job's batch, if it is a member or a callback (see `PostgresStore.settle`)."""
 
     @classmethod
     def of(cls, job: ClaimedJob, outcome: SettledAs, **fields: Any) -> Settlement:
         """The settlement of `job`'s current claim."""
-        return cls(job.id, job.claim_token, job.kind, job.queue, job.run_count, outcome, **fields)
+        return cls(
+            job.id,
+            job.claim_token,
+            job.kind,
+            job.queue,
+            job.run_count,
+            outcome,
+            batch_id=job.batch_id,
+            **fields,
+        )
 
     @property
     def ulid(self) -> ULID:
@@ -289,3 +313,4 @@ class DueHook:
     last_error: str | None
     failed_at: datetime
     history: tuple[JournalEntry, ...]
+    batch_id: uuid.UUID | None = None

@@ -267,6 +267,7 @@ class Undertaker:
             history=hook.history,
             carry=carry,
             cancellation=cancellation,
+            batch_id=None if hook.batch_id is None else ULID.from_bytes(hook.batch_id.bytes),
         )
         try:
             result = task.failed(error, ctx, self._app)

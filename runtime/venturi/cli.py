@@ -51,7 +51,16 @@ from venturi._settings import check_queue_name
 from venturi.embedded import EmbeddedPostgresError
 from venturi.encryption import KEYS_ENV, KeyRing, SealedCodec, new_key
 from venturi.errors import JobStateError, SchemaError
-from venturi.jobs import CleanupCriteria, FailedJob, Job, JobFilter, JobStatus, JournalEntry, Stats
+from venturi.jobs import (
+    BatchStatus,
+    CleanupCriteria,
+    FailedJob,
+    Job,
+    JobFilter,
+    JobStatus,
+    JournalEntry,
+    Stats,
+)
 from venturi.pauses import QueueState
 from venturi.postgres import DEFAULT_PREFIX, POOLERS, PostgresStore
 from venturi.queue import Queue
@@ -248,6 +257,21 @@ def _parser() -> argparse.ArgumentParser:
     flush.add_argument("--queue")
     flush.add_argument("--kind")
     flush.add_argument("--older-than", type=parse_duration, help="failed at least this long ago")
+    batches = sub.add_parser("batches", help="batches: list, show, cancel and prune")
+    batch_sub = batches.add_subparsers(dest="batch_command", required=True)
+    batch_list = batch_sub.add_parser("list", parents=[common], help="batches, newest first")
+    batch_list.add_argument("--limit", type=positive_int, default=20)
+    batch_list.add_argument("--before", help="batch id: list batches older than this one")
+    batch_show = batch_sub.add_parser("show", parents=[common], help="one batch's progress")
+    batch_show.add_argument("batch_id", metavar="BATCH_ID")
+    batch_cancel = batch_sub.add_parser(
+        "cancel", parents=[common], help="skip a batch's jobs that have not started"
+    )
+    batch_cancel.add_argument("batch_id", metavar="BATCH_ID")
+    batch_prune = batch_sub.add_parser("prune", parents=[common], help="delete finished batches")
+    batch_prune.add_argument(
+        "--hours", type=positive_int, required=True, help="finished at least this many hours ago"
+    )
     queues = sub.add_parser("queue", help="pause, resume and list named queues")
     queue_sub = queues.add_subparsers(dest="queue_command", required=True)
     pause = queue_sub.add_parser(
@@ -399,6 +423,8 @@ async def _run(args: argparse.Namespace) -> int:
             await _failed(args, queue)
         elif args.command == "queue":
             await _queue(args, queue)
+        elif args.command == "batches":
+            await _batches(args, queue)
     return 0
 
 
@@ -489,6 +515,69 @@ def _failed_text(found: list[FailedJob]) -> str:
                 f.failed_at.strftime("%Y-%m-%d %H:%M:%S"),
                 str(f.run_count),
                 (f.error or "")[:80],
+            )
+        )
+    return _table(rows)
+
+
+async def _batches(args: argparse.Namespace, queue: Queue) -> None:
+    try:
+        if args.batch_command == "list":
+            found = await queue.recent_batches(args.limit, before=args.before)
+            _out(args, [_batch_json(b) for b in found], _batches_text(found))
+        elif args.batch_command == "show":
+            status = await queue.batch_status(args.batch_id)
+            if status is None:
+                raise UsageError(f"no batch {args.batch_id}")
+            _out(args, _batch_json(status), _batches_text([status]))
+        elif args.batch_command == "cancel":
+            skipped = await queue.cancel_batch(args.batch_id)
+            _out(args, {"skipped": skipped}, f"cancelled: skipped {skipped:,} jobs not started")
+        else:
+            n = await queue.prune_batches(timedelta(hours=args.hours))
+            _out(args, {"deleted": n}, f"deleted {n:,} finished batches")
+    except (LookupError, ValueError) as exc:
+        raise UsageError(f"batches {args.batch_command}: {exc}") from None
+
+
+def _batch_json(b: BatchStatus) -> dict[str, Any]:
+    def at(t: datetime | None) -> str | None:
+        return None if t is None else t.isoformat()
+
+    return {
+        "id": str(b.id),
+        "name": b.name,
+        "created_at": b.created_at.isoformat(),
+        "allow_failures": b.allow_failures,
+        "total": b.total,
+        "pending": b.pending,
+        "done": b.done,
+        "failed": b.failed,
+        "cancelled": b.cancelled,
+        "percent": b.percent,
+        "state": b.state,
+        "failed_at": at(b.failed_at),
+        "cancelled_at": at(b.cancelled_at),
+        "finished_at": at(b.finished_at),
+    }
+
+
+def _batches_text(found: list[BatchStatus]) -> str:
+    if not found:
+        return "no batches"
+    rows = [("ID", "NAME", "CREATED", "DONE", "FAILED", "CANCELLED", "PENDING", "%", "STATE")]
+    for b in found:
+        rows.append(
+            (
+                str(b.id),
+                b.name[:40],
+                b.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+                f"{b.done:,}",
+                f"{b.failed:,}",
+                f"{b.cancelled:,}",
+                f"{b.pending:,}",
+                str(b.percent),
+                b.state,
             )
         )
     return _table(rows)

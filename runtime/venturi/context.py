@@ -94,6 +94,7 @@ class Context(Generic[C]):
         "_cancellation",
         "_progress",
         "attempt",
+        "batch_id",
         "carry",
         "history",
         "job_id",
@@ -118,6 +119,7 @@ class Context(Generic[C]):
         attempt: int = 1,
         max_attempts: int | None = None,
         progress: ProgressCell | None = None,
+        batch_id: ULID | None = None,
     ) -> None:
         self.job_id = job_id
         self.kind = kind
@@ -136,6 +138,8 @@ class Context(Generic[C]):
         """The job's earlier journal entries, oldest first."""
         self.carry = carry
         """The typed carry; mutate it freely, it is saved when the job pauses or retries."""
+        self.batch_id = batch_id
+        """The batch this job is a member or a callback of (`Queue.batch`), else None."""
         self.trace_context = trace_context
         """The W3C traceparent the job was enqueued under, for tracing middleware
         (`venturi.otel`); None unless the producer traced and this worker's middleware

@@ -26,7 +26,12 @@ class JobStatus(enum.StrEnum):
     DEAD = "dead"
     """Failed for good (terminal): a permanent error, the backstop, or a bad payload."""
     WAITING = "waiting"
-    """A chain's link, waiting for the link before it to complete (`Queue.chain`)."""
+    """A chain's link, waiting for the link before it to complete (`Queue.chain`), or a
+    batch's callback, waiting for the batch to decide it (`Queue.batch`)."""
+    CANCELLED = "cancelled"
+    """Skipped (terminal): a batch member that had not started when its batch was cancelled
+    (`Queue.cancel_batch`, or its first failure without `allow_failures`), or a batch's
+    callback whose condition did not hold."""
 
 
 class JournalOutcome(enum.StrEnum):
@@ -45,6 +50,8 @@ class JournalOutcome(enum.StrEnum):
     MERGED = "merged"
     RETRIED = "retried"
     """A failed (dead) job put back in its queue by hand (`Queue.retry`, `retry_all`)."""
+    CANCELLED = "cancelled"
+    """A batch member skipped before it ran: its batch was cancelled."""
 
 
 _FAILURES = frozenset({JournalOutcome.FAILED, JournalOutcome.DEAD, JournalOutcome.STALE_RECOVERED})
@@ -98,6 +105,8 @@ class Job:
     """The JSON value a completed run returned (`Outcome.completed(result=...)`), decoded."""
     progress: Any = None
     """The latest `ctx.progress` value the database received (see `Context.progress`)."""
+    batch_id: ULID | None = None
+    """The batch the job is a member or a callback of (`Queue.batch`), else None."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,3 +258,53 @@ class CleanupCriteria:
     kind: str | None = None
     status: JobStatus | None = None
     """COMPLETED or DEAD; None deletes both. Pending and claimed jobs are never deleted."""
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStatus:
+    """A batch's progress (`Queue.batch_status`, `recent_batches`), read from its row: the
+    counters move in the transaction that settles each member."""
+
+    id: ULID
+    name: str
+    created_at: datetime
+    allow_failures: bool
+    total: int
+    """Members (callbacks not included)."""
+    pending: int
+    """Members not finished yet: waiting, due, running or waiting for a retry."""
+    done: int
+    """Members completed."""
+    failed: int
+    """Members that failed for good (dead)."""
+    cancelled: int
+    """Members skipped because the batch was cancelled before they ran."""
+    failed_at: datetime | None
+    """When the first member failed for good (the `catch` callback was released then)."""
+    cancelled_at: datetime | None
+    """When the batch was cancelled (`Queue.cancel_batch`, or its first failure without
+    `allow_failures`)."""
+    finished_at: datetime | None
+    """When its last member finished (`then` and `finally` were decided then)."""
+
+    @property
+    def percent(self) -> int:
+        """Finished members (done, failed or cancelled) as a whole percentage of all of
+        them; 100 for a batch without members."""
+        if self.total == 0:
+            return 100
+        return (self.total - self.pending) * 100 // self.total
+
+    @property
+    def finished(self) -> bool:
+        return self.finished_at is not None
+
+    @property
+    def state(self) -> str:
+        """In a word: running, cancelling (cancelled, members still running), succeeded
+        (every member completed), failed (finished with a failure) or cancelled."""
+        if self.finished_at is None:
+            return "cancelling" if self.cancelled_at is not None else "running"
+        if self.cancelled_at is not None:
+            return "cancelled"
+        return "failed" if self.failed else "succeeded"

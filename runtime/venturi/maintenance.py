@@ -58,16 +58,20 @@ class Retention:
 
     `Retention(completed=timedelta(days=7))` deletes completed jobs (and their journal)
     seven days after they finished and keeps dead ones; add `dead=timedelta(days=30)` to
-    prune those too. The leader deletes in bounded batches of `batch_size` (short locks,
-    short WAL bursts), every `interval` seconds."""
+    prune those too, `cancelled=` for batch members skipped by a cancellation, and
+    `batches=timedelta(hours=24)` for the rows of finished batches (`Queue.batch`; their
+    jobs follow the ages above). The leader deletes in bounded batches of `batch_size`
+    (short locks, short WAL bursts), every `interval` seconds."""
 
     completed: Seconds | None = None
     dead: Seconds | None = None
+    cancelled: Seconds | None = None
+    batches: Seconds | None = None
     interval: Seconds = DEFAULT_RETENTION_INTERVAL
     batch_size: int = DEFAULT_RETENTION_BATCH
 
     def __post_init__(self) -> None:
-        for name in ("completed", "dead"):
+        for name in ("completed", "dead", "cancelled", "batches"):
             value = getattr(self, name)
             if value is not None:
                 to_seconds(value, name=f"Retention.{name}", low=1.0, high=_MAX_AGE)
@@ -82,8 +86,19 @@ class Retention:
     def ages(self) -> dict[str, timedelta]:
         """Status -> how long jobs of it are kept (only the statuses that are pruned)."""
         found = {}
-        for name in ("completed", "dead"):
+        for name in ("completed", "dead", "cancelled"):
             value = getattr(self, name)
             if value is not None:
                 found[name] = timedelta(seconds=to_seconds(value, name=name, high=_MAX_AGE))
         return found
+
+    def batch_age(self) -> timedelta | None:
+        """How long finished batches are kept (None: for good)."""
+        if self.batches is None:
+            return None
+        return timedelta(seconds=to_seconds(self.batches, name="batches", high=_MAX_AGE))
+
+    @property
+    def prunes(self) -> bool:
+        """Whether anything is pruned at all (else the cleaner does not run)."""
+        return bool(self.ages()) or self.batches is not None

@@ -11,6 +11,7 @@ caller holds, inside the caller's transaction: the same statements either way.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import functools
 import hashlib
 import math
@@ -29,6 +30,7 @@ from ulid import ULID
 
 from venturi import _dsn
 from venturi._db import sql
+from venturi._db.batches import Batches
 from venturi._db.failures import breaks_connection
 from venturi._db.leadership import Leadership
 from venturi._db.registry import Registry
@@ -39,6 +41,7 @@ from venturi._records import (
     DueHook,
     ExistingJob,
     MergePlan,
+    NewBatch,
     NewJob,
     NewJobs,
     Recovered,
@@ -339,6 +342,11 @@ class PostgresStore:
         return Registry(self._run, self._q)
 
     @property
+    def batches(self) -> Batches:
+        """The batches' statements (`_db/batches.py`), on this store's runner."""
+        return Batches(self._run, self._q)
+
+    @property
     def leadership(self) -> Leadership:
         """The leader lease's statements (`_db/leadership.py`), on this store's runner."""
         return Leadership(self._run, self._q)
@@ -480,6 +488,30 @@ class PostgresStore:
             await tx.insert(jobs)
             await tx._run.execute(tx._q["chain_link"], **link)
 
+    async def insert_batch(
+        self,
+        batch: NewBatch,
+        members: NewJobs,
+        callbacks: NewJobs,
+        roles: Sequence[str],
+    ) -> None:
+        """Insert a batch: its row, its members and its callbacks (held waiting, `roles[i]`
+        naming callback i: then, catch or finally), in one transaction: the caller's (a store
+        made by `using`), else one of its own. A batch without members finishes at once."""
+        values = {"id": batch.id, "name": batch.name, "allow_failures": batch.allow_failures}
+        async with self._in_transaction() as tx:
+            await tx._run.execute(tx._q["batch_insert"], total=len(members), **values)
+            await tx.insert(dataclasses.replace(members, batch_id=batch.id))
+            if callbacks.ids:
+                await tx.insert(dataclasses.replace(callbacks, batch_id=batch.id))
+                await tx._run.execute(
+                    tx._q["batch_hold_callbacks"],
+                    ids=[_as_uuid(i) for i in callbacks.ids],
+                    whiches=list(roles),
+                )
+            if not members.ids:
+                await tx._run.execute(tx._q["batch_finish"], id=batch.id)
+
     @asynccontextmanager
     async def _in_transaction(self) -> AsyncIterator[PostgresStore]:
         """This store on one connection inside one transaction: the caller's (a store made by
@@ -560,6 +592,7 @@ class PostgresStore:
             "trace_context": _first(jobs.trace_contexts),
             "max_attempts": _first(jobs.max_attempts),
             "timeout_s": _first(jobs.timeout_s),
+            "batch_id": jobs.batch_id,
             "channel": self.channel,
         }
 
@@ -580,6 +613,7 @@ class PostgresStore:
             "queues": jobs.queues,
             "max_attempts": _column(jobs.max_attempts),
             "timeout_s": _column(jobs.timeout_s),
+            "batch_id": jobs.batch_id,
             "channel": self.channel,
             "wake_kinds": list(set(jobs.kinds)),
         }
@@ -739,6 +773,7 @@ class PostgresStore:
                 trace_context=r["trace_context"],
                 max_attempts=r["max_attempts"],
                 timeout_s=r["timeout_s"],
+                batch_id=r["batch_id"],
             )
             for r in rows
         ]
@@ -756,26 +791,36 @@ class PostgresStore:
         prune = now >= self._prune_due
         if prune:
             self._prune_due = now + PRUNE_INTERVAL_S
-        rows = await self._run.fetch(
-            self._q["job_settle_many"],
-            ids=[s.id for s in settlements],
-            tokens=[s.claim_token for s in settlements],
-            outcomes=[s.outcome for s in settlements],
-            delay_s=[s.delay_s for s in settlements],
-            carries=[s.carry for s in settlements],
-            set_carry=[s.set_carry for s in settlements],
-            notes=[s.note for s in settlements],
-            attachments=[s.attachment for s in settlements],
-            durations_s=[s.duration_s for s in settlements],
-            hook_tokens=_column([s.hook_token for s in settlements]),
-            hook_lease_s=hook_lease_s,
-            results=_column([s.result for s in settlements]),
-            progress=_column([s.progress for s in settlements]),
-            worker=worker,
-            channel=self.channel,
-            results_channel=self.results_channel,
-            prune=prune,
-        )
+        values = {
+            "ids": [s.id for s in settlements],
+            "tokens": [s.claim_token for s in settlements],
+            "outcomes": [s.outcome for s in settlements],
+            "delay_s": [s.delay_s for s in settlements],
+            "carries": [s.carry for s in settlements],
+            "set_carry": [s.set_carry for s in settlements],
+            "notes": [s.note for s in settlements],
+            "attachments": [s.attachment for s in settlements],
+            "durations_s": [s.duration_s for s in settlements],
+            "hook_tokens": _column([s.hook_token for s in settlements]),
+            "hook_lease_s": hook_lease_s,
+            "results": _column([s.result for s in settlements]),
+            "progress": _column([s.progress for s in settlements]),
+            "worker": worker,
+            "channel": self.channel,
+            "results_channel": self.results_channel,
+            "prune": prune,
+        }
+        batches = sorted({s.batch_id for s in settlements if s.batch_id is not None})
+        if len(batches) < 2:
+            rows = await self._run.fetch(self._q["job_settle_many"], **values)
+        else:
+            # The member trigger updates each batch's row in whatever order the plan writes
+            # the jobs: locking the rows first, in one order, keeps two settles that span
+            # the same batches from deadlocking (a settle of one batch's jobs holds one batch
+            # row, and takes it after every other lock of its statement but the counts').
+            async with self._run.transaction() as tx:
+                await tx.execute(self._q["batch_lock"], ids=batches)
+                rows = await tx.fetch(self._q["job_settle_many"], **values)
         return {r["id"] for r in rows}
 
     async def renew_leases(
@@ -1317,18 +1362,29 @@ class PostgresStore:
         return known
 
     async def retry_all_failed(
-        self, *, queue: str | None, kind: str | None, note: str, batch_size: int = 500
+        self,
+        *,
+        queue: str | None,
+        kind: str | None,
+        note: str,
+        batch_size: int = 500,
+        limit: int | None = None,
     ) -> int:
-        """Retry every dead job of `queue` and `kind` (None: any), in bounded batches."""
+        """Retry every dead job of `queue` and `kind` (None: any), in bounded batches; at
+        most `limit` (None: all)."""
         total = 0
+
+        def room() -> int:
+            return batch_size if limit is None else min(batch_size, limit - total)
+
         after: uuid.UUID | None = None
-        while True:
+        while room() > 0:
             row = await self._run.fetchrow(
                 self._q["failed_retry_batch"],
                 queue=queue,
                 kind=kind,
                 after_id=after,
-                limit=batch_size,
+                limit=room(),
                 note=note,
                 channel=self.channel,
             )
@@ -1338,13 +1394,13 @@ class PostgresStore:
                 break
             after = row["last_id"]
         after = None
-        while True:  # unique jobs, one by one: each takes its unique id again, if it is free
+        while room() > 0:  # unique jobs, one by one: each takes its unique id again, if free
             rows = await self._run.fetch(
                 self._q["failed_unique_ids"],
                 queue=queue,
                 kind=kind,
                 after_id=after,
-                limit=batch_size,
+                limit=room(),
             )
             for r in rows:
                 try:
@@ -1355,6 +1411,7 @@ class PostgresStore:
             if len(rows) < batch_size:
                 return total
             after = rows[-1]["id"]
+        return total
 
     @_schema_required
     async def forget_failed(self, job_id: ULID | uuid.UUID) -> JobStatus | None:
@@ -1415,6 +1472,7 @@ def _job(row: asyncpg.Record, codec: Codec) -> Job:
         last_error=row["last_error"],
         result=_decoded(row["result"], codec),
         progress=_decoded(row["progress"], codec),
+        batch_id=None if row["batch_id"] is None else ULID.from_bytes(row["batch_id"].bytes),
     )
 
 
@@ -1431,6 +1489,7 @@ def _due_hook(r: asyncpg.Record) -> DueHook:
         last_error=r["last_error"],
         failed_at=r["finished_at"],
         history=_history(r["history"]),
+        batch_id=r["batch_id"],
     )
 
 

@@ -18,13 +18,13 @@ import threading
 import time
 import uuid
 from collections.abc import Iterable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from ulid import ULID
 
 from venturi._hooks import hook_set
-from venturi._records import ExistingJob, MergePlan, NewJob, NewJobs
+from venturi._records import ExistingJob, MergePlan, NewBatch, NewJob, NewJobs
 from venturi._settings import (
     DEFAULT_QUEUE,
     check_lease,
@@ -33,11 +33,13 @@ from venturi._settings import (
     check_timeout,
 )
 from venturi.backoff import MAX_DELAY, Backoff, Seconds, to_seconds
+from venturi.batches import Batch
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.encryption import SealedCodec
 from venturi.errors import JobFailed, JobStateError, PayloadError
 from venturi.hooks import Enqueued, EnqueueTracer, Hooks
 from venturi.jobs import (
+    BatchStatus,
     CleanupCriteria,
     FailedJob,
     Job,
@@ -350,28 +352,9 @@ class Queue:
         """enqueue_many's inserts; `traced`: the ids chosen and their trace contexts."""
         ids, contexts = traced if traced is not None else (new_ids(len(tasks)), None)
         if all(_no_policy(type(t)) for t in tasks):
-            # The common case, without a record per job: no hooks to call, no dedup keys.
-            tier = int(Priority(priority)) if priority is not None else _NORMAL
-            kinds = [_kind(type(t)) for t in tasks]
-            encode = self.codec.encode
-            payloads = [encode(t, kind=k) for t, k in zip(tasks, kinds, strict=True)]
-            queues = [called or _task_queue(type(t)) or self.queue for t in tasks]
-            first = queues[0] if queues else self.queue
-            by_job = None if all(q == first for q in queues) else queues
-            traces = None if contexts is None else _optional_column(contexts)
-            batch = NewJobs(
-                first,
-                ids,
-                kinds,
-                [tier] * len(ids),
-                payloads,
-                queues=by_job,
-                trace_contexts=traces,
-            )
+            batch = self._plain_jobs(tasks, ids, priority, called, contexts)
             await store.insert(batch)
-            if self.hooks.active:
-                for job_id, kind, q in zip(ids, kinds, queues, strict=True):
-                    self.hooks.enqueued(Enqueued(job_id, kind, q))
+            self._enqueued(batch)
             logger.debug("enqueued %d jobs", len(ids))
             return ids
         jobs = [
@@ -394,6 +377,37 @@ class Queue:
                 ids.append(await self._insert_untraced(store, task, job))
         logger.debug("enqueued %d jobs", len(jobs))
         return ids
+
+    def _plain_jobs(
+        self,
+        tasks: Sequence[Task[Any]],
+        ids: list[ULID],
+        priority: Priority | None,
+        called: str | None,
+        contexts: Sequence[str | None] | None = None,
+    ) -> NewJobs:
+        """The jobs of `tasks` that have no per-job policy (the caller checked: no hooks to
+        call, no dedup keys), by column, without a record per job: the common bulk case."""
+        tier = int(Priority(priority)) if priority is not None else _NORMAL
+        kinds = [_kind(type(t)) for t in tasks]
+        encode = self.codec.encode
+        payloads = [encode(t, kind=k) for t, k in zip(tasks, kinds, strict=True)]
+        queues = [called or _task_queue(type(t)) or self.queue for t in tasks]
+        first = queues[0] if queues else self.queue
+        by_job = None if all(q == first for q in queues) else queues
+        traces = None if contexts is None else _optional_column(contexts)
+        return NewJobs(
+            first, ids, kinds, [tier] * len(ids), payloads, queues=by_job, trace_contexts=traces
+        )
+
+    def _enqueued(self, jobs: NewJobs) -> None:
+        """Tell the hooks about `jobs`, just stored."""
+        if not self.hooks.active:
+            return
+        queues = jobs.queues if jobs.queues is not None else [jobs.queue] * len(jobs.ids)
+        for job_id, kind, q in zip(jobs.ids, jobs.kinds, queues, strict=True):
+            assert isinstance(job_id, ULID)
+            self.hooks.enqueued(Enqueued(job_id, kind, q))
 
     async def chain(
         self,
@@ -423,6 +437,94 @@ class Queue:
                 self.hooks.enqueued(Enqueued(j.id, j.kind, j.queue))
         return [j.id for j in jobs]
 
+    def batch(
+        self, name: str, *, priority: Priority | None = None, queue: str | None = None
+    ) -> Batch:
+        """A new batch named `name`: add members and callbacks, then `await
+        batch.enqueue()` (see `venturi.batches`). `priority=` and `queue=` apply to its
+        members and callbacks alike, as for `enqueue`."""
+        called = _call_queue(queue)
+
+        async def submit(batch: Batch, conn: Connection | None) -> ULID:
+            return await self._insert_batch(batch, priority, called, conn)
+
+        return Batch(name, submit)
+
+    async def _insert_batch(
+        self,
+        batch: Batch,
+        priority: Priority | None,
+        queue: str | None,
+        conn: Connection | None,
+    ) -> ULID:
+        tasks = batch.members
+        if all(_no_policy(type(t)) for t in tasks):  # the common case: by column, fast
+            members = self._plain_jobs(tasks, new_ids(len(tasks)), priority, queue)
+        else:
+            members = NewJobs.of(self._batch_jobs(batch, tasks, priority, queue))
+        roles = list(batch.callbacks)
+        callbacks = NewJobs.of(
+            self._batch_jobs(batch, list(batch.callbacks.values()), priority, queue)
+        )
+        batch_id = new_ids(1)[0]
+        row = NewBatch(uuid.UUID(bytes=batch_id.bytes), batch.name, batch.failures_allowed)
+        store = self._store_for(conn, False)
+        await store.insert_batch(row, members, callbacks, roles)
+        self._enqueued(members)
+        self._enqueued(callbacks)
+        logger.debug("enqueued batch %s: %d jobs", batch_id, len(members))
+        return batch_id
+
+    def _batch_jobs(
+        self,
+        batch: Batch,
+        tasks: Sequence[Task[Any]],
+        priority: Priority | None,
+        queue: str | None,
+    ) -> list[NewJob]:
+        jobs = [self._new_job(t, priority=priority, queue=queue) for t in tasks]
+        for job in jobs:
+            if job.dedup_key is not None or job.unique_key is not None:
+                raise ValueError(
+                    f"batch {batch.name!r}: {job.kind} has a dedup key or a unique id; a "
+                    "batch's jobs cannot merge into other jobs"
+                )
+        return jobs
+
+    async def batch_status(self, batch_id: ULID | str) -> BatchStatus | None:
+        """The batch's progress (`BatchStatus`: done, failed, cancelled, pending, percent),
+        or None if there is no such batch (or it was pruned)."""
+        return await self.store.batches.get(_batch_key(batch_id))
+
+    async def recent_batches(
+        self, n: int = 20, *, before: ULID | str | None = None
+    ) -> list[BatchStatus]:
+        """The newest `n` batches (1..1000), newest first; `before=` the id of the last one
+        seen, for the page after it."""
+        if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 1000:
+            raise ValueError(f"recent_batches(n): expected an int in 1..1000, got {n!r}")
+        after = None if before is None else _batch_key(before)
+        return await self.store.batches.recent(n, after)
+
+    async def cancel_batch(self, batch_id: ULID | str) -> int:
+        """Cancel the batch: its members not started yet (pending, retries waiting for their
+        backoff included) end cancelled; running ones finish. `then` will not run; `finally`
+        runs once the running members finish. Returns how many were skipped (0 for a
+        finished batch). Raises LookupError if there is no such batch."""
+        skipped = await self.store.batches.cancel(_batch_key(batch_id))
+        if skipped is None:
+            raise LookupError(f"cancel_batch({batch_id}): no such batch")
+        return skipped
+
+    async def prune_batches(self, older_than: Seconds, *, batch_size: int = 1000) -> int:
+        """Delete batches that finished more than `older_than` (seconds, or a timedelta)
+        ago, in bounded batches; returns how many. Their jobs stay (see `cleanup`)."""
+        age = to_seconds(older_than, name="prune_batches(older_than)", high=MAX_DELAY)
+        if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
+            raise ValueError(f"prune_batches(batch_size): expected an int >= 1, got {batch_size!r}")
+        before = datetime.now(UTC) - timedelta(seconds=age)
+        return await self.store.batches.prune(before, batch_size)
+
     async def job(self, job_id: ULID) -> Job | None:
         """The stored job, or None if there is no such job (or it was cleaned up)."""
         return await self.store.get_job(job_id, self.codec)
@@ -434,8 +536,9 @@ class Queue:
         it waits).
 
         Raises `TimeoutError` after `timeout` (seconds, or a timedelta) if it has not
-        finished, `JobFailed` if it failed for good (dead), and `LookupError` if there is no
-        such job (or it was cleaned up).
+        finished, `JobFailed` if it failed for good (dead), `JobStateError` if it was
+        cancelled (a batch member skipped by its batch's cancellation), and `LookupError` if
+        there is no such job (or it was cleaned up).
         """
         wait = to_seconds(timeout, name="result(timeout)")
         async with asyncio.timeout(wait):
@@ -447,6 +550,11 @@ class Queue:
                 f"job {job.id} ({job.kind}) failed for good: {job.last_error}",
                 job_id=str(job.id),
                 error=job.last_error,
+            )
+        if job.status is JobStatus.CANCELLED:
+            raise JobStateError(
+                f"result({job_id}): the job was cancelled before it ran (its batch was cancelled)",
+                status=job.status,
             )
         return job.result
 
@@ -463,9 +571,9 @@ class Queue:
         Works in bounded batches, each its own short transaction, so it never holds long
         locks on a busy queue.
         """
-        if criteria.status not in (None, JobStatus.COMPLETED, JobStatus.DEAD):
+        if criteria.status not in (None, JobStatus.COMPLETED, JobStatus.DEAD, JobStatus.CANCELLED):
             raise ValueError(
-                f"CleanupCriteria.status: only completed or dead jobs can be deleted, "
+                f"CleanupCriteria.status: only completed, dead or cancelled jobs can be deleted, "
                 f"got {criteria.status}"
             )
         if criteria.finished_before.tzinfo is None:
@@ -538,22 +646,35 @@ class Queue:
             codec=self.codec,
         )
 
-    async def retry(self, job_id: ULID) -> None:
+    async def retry(self, job_id: ULID, *, note: str | None = None) -> None:
         """Put a failed job back in its queue, eligible now, with a fresh failure count (so
-        it gets every attempt again); its journal is kept and gains a `retried` entry, and a
-        worker of its queue is woken. A job that is missing or has not failed is a
-        `JobStateError` naming its status, and nothing changes."""
-        before = await self.store.retry_failed(job_id, note=RETRY_NOTE)
+        it gets every attempt again); its journal is kept and gains a `retried` entry (its
+        note: `note`, say who retried it; "retried by hand" by default), and a worker of its
+        queue is woken. A job that is missing or has not failed is a `JobStateError` naming
+        its status, and nothing changes."""
+        before = await self.store.retry_failed(job_id, note=_retry_note(note))
         _expect_dead(job_id, before, "retried")
 
     async def retry_all(
-        self, *, kind: str | type[Task[Any]] | None = None, queue: str | None = None
+        self,
+        *,
+        kind: str | type[Task[Any]] | None = None,
+        queue: str | None = None,
+        note: str | None = None,
+        limit: int | None = None,
     ) -> int:
-        """Retry every failed job of `kind` and `queue` (None: any), as `retry` does; returns
-        how many. Works in bounded batches, each its own short transaction. A queue nothing
-        names (no job kept in it, no pause, no worker) is a ValueError, most likely a typo."""
+        """Retry every failed job of `kind` and `queue` (None: any), as `retry` does (`note`
+        too); returns how many. Works in bounded batches, each its own short transaction,
+        oldest first; `limit` stops it after that many (None: all). A queue nothing names
+        (no job kept in it, no pause, no worker) is a ValueError, most likely a typo."""
         name, kind_name = _queue_filter(queue), _kind_filter(kind)
-        n = await self.store.retry_all_failed(queue=name, kind=kind_name, note=RETRY_NOTE)
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
+        ):
+            raise ValueError(f"retry_all(limit=): expected an int >= 1 or None, got {limit!r}")
+        n = await self.store.retry_all_failed(
+            queue=name, kind=kind_name, note=_retry_note(note), limit=limit
+        )
         if n == 0 and name is not None and not await self.store.queue_known(name):
             raise ValueError(
                 f"retry_all(queue={name!r}): unknown queue (no job, pause or worker names it)"
@@ -704,6 +825,16 @@ RETRY_NOTE = "retried by hand"
 """The note of the `retried` journal entry `Queue.retry` and `retry_all` write."""
 
 
+def _retry_note(note: str | None) -> str:
+    if note is None:
+        return RETRY_NOTE
+    if not isinstance(note, str) or not note.strip() or len(note) > 1000:
+        raise ValueError(
+            f"retry(note=): expected a non-empty str of at most 1000 characters, got {note!r:.80}"
+        )
+    return note
+
+
 def _queue_filter(queue: str | None) -> str | None:
     return None if queue is None else check_queue_name(queue)
 
@@ -766,3 +897,15 @@ def _unique(task: Task[Any], kind: str) -> tuple[float | None, str | None]:
 def _optional_column(values: Sequence[str | None]) -> list[str | None] | None:
     """None (sent as one NULL) when no job has a value (a tracer without an SDK behind it)."""
     return None if all(v is None for v in values) else list(values)
+
+
+def _batch_key(batch_id: ULID | str) -> uuid.UUID:
+    """A batch id as the store keys it; a string must be a ULID (as `enqueue` returned)."""
+    if isinstance(batch_id, ULID):
+        return batch_id.to_uuid()
+    if isinstance(batch_id, str):
+        try:
+            return ULID.from_str(batch_id).to_uuid()
+        except ValueError:
+            raise ValueError(f"batch id: expected a ULID, got {batch_id!r:.80}") from None
+    raise TypeError(f"batch id: expected a ULID or its string, got {batch_id!r:.80}")

@@ -605,7 +605,7 @@ def _services(
     if retention is not None and not isinstance(retention, Retention):
         raise TypeError(f"retention: expected a venturi.Retention, got {retention!r:.80}")
     services: list[MaintenanceService] = [WorkerSweep()]
-    if retention is not None and retention.ages():
+    if retention is not None and retention.prunes:
         services.append(RetentionCleaner(retention))
     for service in maintenance:
         if not isinstance(service, MaintenanceService):

@@ -70,6 +70,19 @@ async def seed(
     return Seeded(ready=ready_ids, scheduled=scheduled_ids, dead=dead_ids)
 
 
+async def held_chain(store: PostgresStore) -> list[ULID]:
+    """A chain of three (resize, charge, resize) run by a worker: the first link completed,
+    the second failed for good, the third waits (the chain is held at link 2)."""
+    queue = Queue(store)
+    links = await queue.chain(Resize(image=1), Charge(order=2), Resize(image=3))
+    worker = Worker(None, store, concurrency=2)
+    worker.register(Resize, resize)
+    worker.register(Charge, charge)
+    async with running(worker):
+        await until_status(queue, links[1], JobStatus.DEAD)
+    return links
+
+
 @pytest.fixture
 def serve() -> Callable[[Any], Any]:
     """`async with serve(app) as url:` runs `app` under uvicorn on 127.0.0.1 (a free port),

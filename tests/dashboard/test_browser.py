@@ -12,8 +12,8 @@ from starlette.applications import Starlette
 from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
-from tests.dashboard.conftest import Charge, Resize, resize, screenshot, seed
-from tests.runtime.helpers import running, until
+from tests.dashboard.conftest import Charge, Resize, held_chain, resize, screenshot, seed
+from tests.runtime.helpers import running, until, until_status
 from venturi import (
     JobFilter,
     JobStatus,
@@ -135,7 +135,7 @@ async def test_retry_forget_and_retry_all_change_the_database(
         job = await queue.job(first)
         assert job is not None and job.status is JobStatus.PENDING
         journal = await queue.job_journal(first)
-        assert [e.outcome for e in journal] == [JournalOutcome.DEAD, JournalOutcome.RELEASED]
+        assert [e.outcome for e in journal] == [JournalOutcome.DEAD, JournalOutcome.RETRIED]
         assert journal[-1].note is not None and "retried from the dashboard" in journal[-1].note
         assert await page.locator(f"tr[data-job='{first}']").count() == 0
 
@@ -308,3 +308,111 @@ async def test_schedules_page_shows_next_runs(
             assert await text(page, f"{row} [data-col=enqueued]") == str(info.enqueued)
             assert _views.timestamp(info.next_tick) in await text(page, f"{row} [data-col=next]")
         await screenshot(page, "schedules", tmp_path)
+
+
+async def test_batches_pages_show_progress_and_cancel(
+    store: PostgresStore, serve: Any, page: Any, tmp_path: Any
+) -> None:
+    queue = Queue(store)
+    done = await queue.batch("thumbnails").add(*(Resize(image=i) for i in range(8))).enqueue()
+    worker: Worker[None] = Worker(None, store, concurrency=4)
+    worker.register(Resize, resize)
+    async with running(worker):
+
+        async def finished() -> bool:
+            status = await queue.batch_status(done)
+            return status is not None and status.finished
+
+        await until(finished)
+    live = await (
+        queue.batch("invoices")
+        .add(*(Charge(order=i) for i in range(40)))
+        .then(Resize(image=0))
+        .finally_(Resize(image=1))
+        .enqueue()
+    )
+    async with serve(opened(store)) as url:
+        await page.goto(url + "/batches")
+        ids = await page.locator("tr[data-batch]").evaluate_all(
+            "rows => rows.map(r => r.dataset.batch)"
+        )
+        assert ids == [str(live), str(done)]  # newest first
+        for batch_id in (live, done):
+            status = await queue.batch_status(batch_id)
+            assert status is not None
+            row = f"tr[data-batch='{batch_id}']"
+            assert await text(page, f"{row} [data-col=done]") == str(status.done)
+            assert await text(page, f"{row} [data-col=pending]") == str(status.pending)
+            assert await text(page, f"{row} [data-state]") == status.state
+            percent = await page.locator(f"{row} .progress").get_attribute("data-percent")
+            assert percent == str(status.percent)
+        assert await page.locator(f"tr[data-batch='{done}'] [data-action=cancel]").count() == 0
+        await screenshot(page, "batches", tmp_path)
+
+        await page.click(f"tr[data-batch='{live}'] a.name")
+        await page.wait_for_url(f"**/batches/{live}")
+        assert await text(page, "[data-callback=then] [data-status]") == "waiting"
+        await page.click("[data-action=cancel]")
+        await page.wait_for_url(f"**/batches/{live}?notice=cancelled&n=40")
+        status = await queue.batch_status(live)
+        assert status is not None and (status.cancelled, status.state) == (40, "cancelled")
+        assert await text(page, "[data-col=cancelled]") == "40"
+        assert await text(page, "[data-callback=then] [data-status]") == "cancelled"
+        assert await text(page, "[data-callback=finally] [data-status]") == "pending"
+        assert await page.locator("[data-action=cancel]").count() == 0
+        await screenshot(page, "batch", tmp_path)
+
+        member = (await queue.jobs(JobFilter(kind=Charge.KIND, limit=1)))[0]
+        await page.goto(f"{url}/jobs/{member.id}")
+        await page.click("[data-batch-link]")
+        await page.wait_for_url(f"**/batches/{live}")
+
+
+async def test_a_held_chain_resumes_when_its_dead_link_is_retried(
+    store: PostgresStore, serve: Any, page: Any, tmp_path: Any
+) -> None:
+    queue = Queue(store)
+    done = await queue.chain(Resize(image=7), Resize(image=8))
+    worker: Worker[None] = Worker(None, store, concurrency=2)
+    worker.register(Resize, resize)
+    async with running(worker):
+        await until_status(queue, done[1], JobStatus.COMPLETED)
+    links = await held_chain(store)  # link 1 done, link 2 dead, link 3 waiting
+    async with serve(opened(store)) as url:
+        await page.goto(url + "/chains")
+        held = f"tr[data-chain='{links[0]}']"
+        assert await text(page, f"{held} [data-chain-state]") == "held"
+        statuses = await page.locator(f"{held} [data-link]").evaluate_all(
+            "items => items.map(i => i.dataset.linkStatus)"
+        )
+        assert statuses == ["completed", "dead", "waiting"]
+        assert await text(page, f"tr[data-chain='{done[0]}'] [data-chain-state]") == "done"
+        await screenshot(page, "chains", tmp_path)
+
+        await page.click(f"{held} [data-held-job]")  # the dead link's page
+        await page.wait_for_url(f"**/jobs/{links[1]}")
+        assert await text(page, "[data-position]") == "link 2 of 3"
+        await page.go_back()
+
+        await page.click(f"{held} [data-action=retry]")
+        await page.wait_for_url("**/chains?notice=retried&n=1")
+        job = await queue.job(links[1])
+        assert job is not None and job.status is JobStatus.PENDING
+        waiting = await queue.job(links[2])
+        assert waiting is not None and waiting.status is JobStatus.WAITING
+        assert await text(page, f"{held} [data-chain-state]") == "running"
+
+        # A worker that now gets the charge through: the chain runs on to its end.
+        async def charged(task: Charge, ctx: Any, app: None) -> None:
+            return None
+
+        fixed: Worker[None] = Worker(None, store, concurrency=2)
+        fixed.register(Resize, resize)
+        fixed.register(Charge, charged)
+        async with running(fixed):
+            await until_status(queue, links[2], JobStatus.COMPLETED)
+        await page.wait_for_function(
+            "sel => document.querySelector(sel)?.textContent.trim() === 'done'",
+            arg=f"{held} [data-chain-state]",
+            timeout=10_000,
+        )

@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta
 from tests.dashboard.conftest import Charge, Resize, resize, seed
 from tests.dashboard.test_app import client, csrf
 from tests.runtime.helpers import running, until
-from venturi import PostgresStore, Queue, Schedule, Worker, dashboard
+from venturi import CleanupCriteria, PostgresStore, Queue, Schedule, Worker, dashboard
 from venturi.dashboard import _views
 
 ORIGIN = {"origin": "http://127.0.0.1:8080"}
@@ -220,3 +220,33 @@ async def test_the_overview_chart_draws_the_per_minute_counters(store: PostgresS
         by_minute[_views.timestamp(m.minute)] = (done + m.done, failed + m.failed)
     assert {b[0]: (int(b[1]), int(b[2])) for b in bars} == by_minute
     assert 'data-failed="3"' in page and "3 failed" in page
+
+
+async def test_done_and_failed_in_the_last_hour_come_from_the_per_minute_counters(
+    store: PostgresStore,
+) -> None:
+    """The cards and the queue rows count what finished, as the counters kept it: a job
+    forgotten or cleaned up since still counts (a scan of the jobs table would miss it)."""
+    seeded = await seed(store, ready=0, scheduled=0, dead=3)
+    queue = Queue(store)
+    media = Queue(store, queue="media")
+    done = await media.enqueue_many(Resize(image=i) for i in range(2))
+    worker: Worker[None] = Worker(None, store, queue="media")
+    worker.register(Resize, resize)
+    await worker.run(once=True)
+    for job_id in done:
+        job = await queue.job(job_id)
+        assert job is not None and job.status.value == "completed"
+    await queue.forget(seeded.dead[0])
+    await queue.cleanup(CleanupCriteria(finished_before=datetime.now(UTC) + timedelta(hours=1)))
+    assert await queue.jobs() == []  # nothing finished is left in the jobs table
+    stats = await queue.stats()
+    assert (stats.done_last_hour, stats.failed_last_hour) == (2, 3)
+    async with client(dashboard.app(store, gate=lambda r: True)) as http:
+        overview = (await http.get("/")).text
+        queues = (await http.get("/queues")).text
+    assert re.search(r'data-figure="done-hour">2<', overview)
+    assert re.search(r'data-figure="failed-hour">3<', overview)
+    for page in (overview, queues):
+        assert cell(row(page, "data-queue", "default"), "failed-hour") == "3"
+        assert cell(row(page, "data-queue", "media"), "done-hour") == "2"

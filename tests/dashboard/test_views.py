@@ -9,7 +9,6 @@ import pytest
 
 from venturi import JobStatus, Stats
 from venturi.dashboard import _app, _guard, _views
-from venturi.dashboard._store import COUNT_CAP, Finished
 
 
 @pytest.mark.parametrize(
@@ -30,9 +29,7 @@ def test_durations_read_as_people_say_them(seconds: float | None, shown: str) ->
     assert _views.duration(seconds) == shown
 
 
-def test_capped_counts_say_plus_at_the_cap() -> None:
-    assert _views.capped(COUNT_CAP - 1) == f"{COUNT_CAP - 1:,}"
-    assert _views.capped(COUNT_CAP) == f"{COUNT_CAP:,}+"
+def test_numbers_read_with_thousands_separators() -> None:
     assert _views.number(1234567) == "1,234,567"
 
 
@@ -51,14 +48,15 @@ def test_overview_joins_stats_and_kept_counts_per_kind() -> None:
         claimed_by_kind={"b": 1},
         dead_by_kind={"b": 3},
         oldest_pending_age_by_kind={"a": 12.5},
+        done_last_hour_by_kind={"a": 7, "c": 2},
+        failed_last_hour_by_kind={"b": 1},
     )
     counts = {
         "a": {JobStatus.PENDING: 7, JobStatus.COMPLETED: 40},
         "b": {JobStatus.CLAIMED: 1, JobStatus.DEAD: 3},
         "c": {JobStatus.COMPLETED: 2},
     }
-    finished = Finished(done=9, failed=1, at=datetime(2026, 1, 1, tzinfo=UTC))
-    view = _views.overview(stats, counts, finished)
+    view = _views.overview(stats, counts)
     assert [r.kind for r in view.kinds] == ["a", "b", "c"]
     a, b, c = view.kinds
     assert (a.ready, a.scheduled, a.running, a.done, a.dead, a.oldest_wait) == (
@@ -73,12 +71,14 @@ def test_overview_joins_stats_and_kept_counts_per_kind() -> None:
     assert c.done == 2
     assert (view.ready, view.scheduled, view.running, view.dead) == (5, 2, 1, 3)
     assert view.done_total == 42 and view.oldest_wait == 12.5
+    assert (view.done_hour, view.failed_hour) == (9, 1)
     assert _views.status_totals(counts) == {
         JobStatus.PENDING: 7,
         JobStatus.CLAIMED: 1,
         JobStatus.COMPLETED: 42,
         JobStatus.DEAD: 3,
         JobStatus.WAITING: 0,
+        JobStatus.CANCELLED: 0,
     }
 
 
@@ -251,3 +251,10 @@ def test_the_minute_chart_sums_queues_and_kinds_and_scales_to_the_busiest_minute
     assert last.done_h == 0 and last.failed_h == _views.CHART_HEIGHT / 2
     empty = _views.minute_chart([], now)
     assert empty.bars == () and empty.peak == 0
+
+
+def test_a_retry_note_names_who_clicked_and_stays_short() -> None:
+    from venturi.dashboard._store import retry_note
+
+    assert retry_note("ada") == "retried from the dashboard by ada"
+    assert len(retry_note("x" * 5000)) < 1000  # Queue.retry(note=) takes up to 1,000

@@ -356,3 +356,25 @@ def test_log_options_are_checked(pg_dsn: str) -> None:
     assert run.returncode == 2 and "--log-format: expected text or json, got 'yaml'" in run.stderr
     run = venturi("stats", dsn=pg_dsn, env={"VENTURI_LOG_LEVEL": "loud"})
     assert run.returncode == 2 and "--log-level: expected one of" in run.stderr, run.stderr
+
+
+async def test_batches_commands(queue: Queue, pg_dsn: str) -> None:
+    prefix = queue.store.prefix
+    assert venturi("batches", "list", dsn=pg_dsn, prefix=prefix).stdout.strip() == "no batches"
+    batch_id = await queue.batch("nightly").add(Echo(text="a"), Echo(text="b")).enqueue()
+    listed = json.loads(venturi("batches", "list", "--json", dsn=pg_dsn, prefix=prefix).stdout)
+    assert [(b["id"], b["name"], b["total"], b["state"]) for b in listed] == [
+        (str(batch_id), "nightly", 2, "running")
+    ]
+    run = venturi("batches", "cancel", str(batch_id), dsn=pg_dsn, prefix=prefix)
+    assert run.returncode == 0 and "skipped 2 jobs" in run.stdout
+    shown = json.loads(
+        venturi("batches", "show", str(batch_id), "--json", dsn=pg_dsn, prefix=prefix).stdout
+    )
+    assert (shown["cancelled"], shown["percent"], shown["state"]) == (2, 100, "cancelled")
+    run = venturi("batches", "prune", "--hours", "1", dsn=pg_dsn, prefix=prefix)
+    assert run.returncode == 0 and run.stdout.strip() == "deleted 0 finished batches"
+    run = venturi("batches", "show", "01ARZ3NDEKTSV4RRFFQ69G5FAV", dsn=pg_dsn, prefix=prefix)
+    assert run.returncode != 0 and "no batch 01ARZ3NDEKTSV4RRFFQ69G5FAV" in run.stderr
+    run = venturi("batches", "cancel", "nope", dsn=pg_dsn, prefix=prefix)
+    assert run.returncode != 0 and "expected a ULID" in run.stderr

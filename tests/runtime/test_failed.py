@@ -271,3 +271,26 @@ async def test_failed_commands(store: PostgresStore, queue: Queue, pg_dsn: str) 
     assert cli("flush", "--older-than", "1h").strip() == "deleted 0 failed jobs"
     assert cli("flush").strip() == "deleted 3 failed jobs"
     assert cli("list").strip() == "no failed jobs"
+
+
+async def test_retry_and_retry_all_journal_the_note_given_and_retry_all_stops_at_limit(
+    store: PostgresStore,
+) -> None:
+    queue = Queue(store)
+    ids = await fail(store, *(Ship(order=i) for i in range(4)))
+    await queue.retry(ids[0], note="retried by ada after the fix")
+    journal = await queue.job_journal(ids[0])
+    assert (journal[-1].outcome, journal[-1].note) == (
+        JournalOutcome.RETRIED,
+        "retried by ada after the fix",
+    )
+    assert await queue.retry_all(note="bulk retry by ada", limit=2) == 2
+    assert (await queue.stats()).dead == 1
+    assert await queue.retry_all(note="the rest") == 1
+    notes = [(await queue.job_journal(i))[-1].note or "" for i in ids[1:]]
+    assert sorted(notes) == ["bulk retry by ada", "bulk retry by ada", "the rest"]
+    for bad in ("", "  ", "x" * 1001):
+        with pytest.raises(ValueError, match="note="):
+            await queue.retry(ids[0], note=bad)
+    with pytest.raises(ValueError, match="limit="):
+        await queue.retry_all(limit=0)

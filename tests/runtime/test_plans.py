@@ -158,6 +158,6 @@ async def test_the_claim_function_always_runs_on_generic_plans(store: PostgresSt
     planning was most of a claim's cost (most of all for the empty queues a strict-order
     claim passes over): the function pins generic plans, which the test above checks."""
     config = await store._pool_or_raise().fetchval(
-        "SELECT proconfig FROM pg_proc WHERE proname = $1", f"{store.prefix}_claim_v3"
+        "SELECT proconfig FROM pg_proc WHERE proname = $1", f"{store.prefix}_claim_v4"
     )
     assert config == ["plan_cache_mode=force_generic_plan"]

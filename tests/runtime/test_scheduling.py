@@ -104,7 +104,7 @@ async def test_history_listing_and_cleanup(queue: Queue) -> None:
     page2 = await queue.jobs(JobFilter(kind="flaky", limit=10, before_id=page1[-1].id))
     assert [j.id for j in page1 + page2] == sorted([*ok, *bad, later], reverse=True)
 
-    with pytest.raises(ValueError, match="only completed or dead"):
+    with pytest.raises(ValueError, match="only completed, dead or cancelled"):
         await queue.cleanup(
             CleanupCriteria(finished_before=datetime.now(UTC), status=JobStatus.PENDING)
         )

@@ -1,7 +1,8 @@
 """The retention cleaner: deletes finished jobs (and their journal) older than the
 `Retention` says, per status, in bounded batches (`PostgresStore.cleanup`, each batch its own
 short transaction). Only what `Retention` names is deleted; by default nothing is, and dead
-jobs stay unless `dead=` is given. A maintenance service: the leader runs it."""
+jobs stay unless `dead=` is given; finished batches' rows with `batches=`. A maintenance
+service: the leader runs it."""
 
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ class RetentionCleaner:
 
     def __init__(self, retention: Retention) -> None:
         self._ages = retention.ages()
+        self._batch_age = retention.batch_age()
         self._batch = retention.batch_size
         self.interval = to_seconds(retention.interval, name="Retention.interval", low=0.01)
 
@@ -34,4 +36,10 @@ class RetentionCleaner:
             if deleted:
                 logger.info(
                     "retention: deleted %d %s jobs finished before %s", deleted, status, age
+                )
+        if self._batch_age is not None:
+            pruned = await store.batches.prune(now - self._batch_age, self._batch)
+            if pruned:
+                logger.info(
+                    "retention: deleted %d batches finished before %s", pruned, self._batch_age
                 )

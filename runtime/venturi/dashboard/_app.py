@@ -26,16 +26,17 @@ from ulid import ULID
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.dashboard import _guard, _views
 from venturi.dashboard._store import BULK_LIMIT, DashboardStore
+from venturi.errors import JobStateError
 from venturi.jobs import JobFilter, JobStatus
 from venturi.postgres import PostgresStore
 
 PAGE_SIZE = 50
+CHAINS_PAGE = 25
 MAX_FORM_BYTES = 4096
-FINISHED_WINDOW = timedelta(hours=1)
 _NOTICE_PARAMS = ("notice", "n", "q")
 
 _NOTICES = {
-    "retried": "Retried {n} job(s): pending again, eligible now.",
+    "retried": "Retried {n} job(s): pending again, eligible now, with every attempt again.",
     "retried_none": "Nothing retried: the job is no longer dead (another click got there first?).",
     "retried_all": "Retried {n} dead job(s).",
     "retried_all_more": "Retried {n} dead job(s); more remain (at most {limit:,} a click): "
@@ -45,6 +46,7 @@ _NOTICES = {
     "paused": "Paused queue {q}: its jobs wait (running ones finish).",
     "resumed": "Resumed queue {q}: idle workers serving it were woken.",
     "resumed_none": "Queue {q} was not paused (another click, or its pause ran out?).",
+    "cancelled": "Cancelled the batch: {n} job(s) not started were skipped; running ones finish.",
 }
 
 PAUSE_FOR = {
@@ -95,6 +97,10 @@ def app(
         Route("/queues", pages.queues, name="queues"),
         Route("/workers", pages.workers, name="workers"),
         Route("/schedules", pages.schedules, name="schedules"),
+        Route("/batches", pages.batches, name="batches"),
+        Route("/batches/{batch_id}", pages.batch, name="batch"),
+        Route("/batches/{batch_id}/cancel", pages.cancel_batch, methods=["POST"]),
+        Route("/chains", pages.chains, name="chains"),
         Route("/queues/pause", pages.pause, methods=["POST"]),
         Route("/queues/resume", pages.resume, methods=["POST"]),
         Route("/jobs/{job_id}/retry", pages.retry, methods=["POST"]),
@@ -123,7 +129,6 @@ def _environment() -> jinja2.Environment:
     )
     env.filters.update(
         number=_views.number,
-        capped=_views.capped,
         duration=_views.duration,
         timestamp=_views.timestamp,
         pretty=_views.pretty,
@@ -210,19 +215,19 @@ class _Pages:
         async with self._store().reading() as reader:
             stats = await reader.stats()
             counts = await reader.counts()
-            finished = await reader.finished_since(FINISHED_WINDOW)
             states = await reader.queue_states()
             minutes = await reader.per_minute()
-        view = _views.overview(stats, counts, finished)
+            now = await reader.now()
+        view = _views.overview(stats, counts)
         return self._render(
             request,
             "overview.html",
             page="overview",
             view=view,
             queues=_views.queue_rows(stats, states),
-            chart=_views.minute_chart(minutes, finished.at),
-            now=finished.at,
-            ago=lambda at: _views.ago(at, finished.at),
+            chart=_views.minute_chart(minutes, now),
+            now=now,
+            ago=lambda at: _views.ago(at, now),
         )
 
     async def queues(self, request: Request) -> Response:
@@ -265,6 +270,60 @@ class _Pages:
             page="schedules",
             schedules=schedules,
             now=now,
+            ago=lambda at: _views.ago(at, now),
+        )
+
+    async def batches(self, request: Request) -> Response:
+        before = _ulid(request.query_params.get("before"), "before=", noun="batch")
+        async with self._store().reading() as reader:
+            found = await reader.batches(PAGE_SIZE + 1, before)
+            now = await reader.now()
+        more = len(found) > PAGE_SIZE
+        found = found[:PAGE_SIZE]
+        return self._render(
+            request,
+            "batches.html",
+            page="batches",
+            batches=found,
+            paged=before is not None,
+            older=str(found[-1].id) if more else None,
+            ago=lambda at: _views.ago(at, now),
+        )
+
+    async def batch(self, request: Request) -> Response:
+        batch_id = _ulid(request.path_params["batch_id"], "the path", noun="batch")
+        assert batch_id is not None
+        async with self._store().reading() as reader:
+            status = await reader.batch(batch_id)
+            if status is None:
+                raise HTTPException(404, f"No batch {batch_id} (never stored, or pruned).")
+            callbacks = await reader.batch_callbacks(batch_id)
+            now = await reader.now()
+        return self._render(
+            request,
+            "batch.html",
+            page="batches",
+            batch=status,
+            callbacks=callbacks,
+            ago=lambda at: _views.ago(at, now),
+        )
+
+    async def chains(self, request: Request) -> Response:
+        before = _ulid(request.query_params.get("before"), "before=")
+        async with self._store().reading() as reader:
+            found = await reader.chains(before=before, limit=CHAINS_PAGE + 1)
+            now = await reader.now()
+        more = len(found) > CHAINS_PAGE
+        chains = [_views.chain(head, links) for head, links in found[:CHAINS_PAGE]]
+        return self._render(
+            request,
+            "chains.html",
+            page="chains",
+            chains=chains,
+            paged=before is not None,
+            older=str(chains[-1].head) if more else None,
+            now=now,
+            link_status=lambda link: _views.link_status(link, now),
             ago=lambda at: _views.ago(at, now),
         )
 
@@ -312,17 +371,25 @@ class _Pages:
         async with self._store().reading() as reader:
             found = await reader.job(job_id)
             entries = await reader.journal(job_id) if found is not None else []
+            links, earlier = await reader.job_chain(job_id) if found else ([], False)
             now = await reader.now()
         if found is None:
             raise HTTPException(404, f"No job {job_id}: it never existed, or it was deleted.")
+        # A link of a chain when another link points at it or it points at one.
+        in_chain = len(links) > 1 or earlier
+        chain = _views.chain(links[0].id, links, earlier=earlier) if in_chain else None
+        place = _views.place_in(chain, job_id) if chain is not None else None
         return self._render(
             request,
             "job.html",
             page="jobs",
             job=found,
             entries=entries,
+            chain=chain,
+            place=place,
             now=now,
             shown=_views.shown_status(found, now),
+            link_status=lambda link: _views.link_status(link, now),
             ago=lambda at: _views.ago(at, now),
         )
 
@@ -399,19 +466,22 @@ class _Pages:
         form = await self._form(request)
         job_id = _ulid(request.path_params["job_id"], "the path")
         assert job_id is not None
-        done = await self._store().retry([job_id], actor=_guard.actor(request))
-        return self._back(request, form, "retried" if done else "retried_none", len(done))
+        try:
+            done = await self._store().retry(job_id, actor=_guard.actor(request))
+        except JobStateError as exc:  # a unique job whose id another job holds now
+            raise HTTPException(409, f"Not retried: {exc}.") from None
+        return self._back(request, form, "retried" if done else "retried_none", int(done))
 
     async def forget(self, request: Request) -> Response:
         form = await self._form(request)
         job_id = _ulid(request.path_params["job_id"], "the path")
         assert job_id is not None
-        done = await self._store().forget([job_id])
+        done = await self._store().forget(job_id)
         base = request.scope.get("root_path", "").rstrip("/")
         # The job's own page is gone: back to where the click came from, unless that was it.
         if (form.get("next") or "").split("?")[0] == f"{base}/jobs/{job_id}":
             form = {**form, "next": f"{base}/failed"}
-        return self._back(request, form, "forgot" if done else "forgot_none", len(done))
+        return self._back(request, form, "forgot" if done else "forgot_none", int(done))
 
     async def retry_all(self, request: Request) -> Response:
         form = await self._form(request)
@@ -439,6 +509,16 @@ class _Pages:
             raise HTTPException(400, f"Not paused: {exc}") from None
         return self._back(request, form, "paused", 1, default="/queues", queue=name)
 
+    async def cancel_batch(self, request: Request) -> Response:
+        form = await self._form(request)
+        batch_id = _ulid(request.path_params["batch_id"], "the path", noun="batch")
+        assert batch_id is not None
+        try:
+            skipped = await self._store().cancel_batch(batch_id)
+        except LookupError:
+            raise HTTPException(404, f"No batch {batch_id} (never stored, or pruned).") from None
+        return self._back(request, form, "cancelled", skipped, default=f"/batches/{batch_id}")
+
     async def resume(self, request: Request) -> Response:
         form = await self._form(request)
         name = form.get("queue", "")
@@ -462,13 +542,13 @@ def _status(text: str | None) -> JobStatus | None:
         ) from None
 
 
-def _ulid(text: str | None, what: str) -> ULID | None:
+def _ulid(text: str | None, what: str, *, noun: str = "job") -> ULID | None:
     if not text:
         return None
     try:
         return ULID.from_str(text)
     except ValueError:
-        raise HTTPException(404, f"Not a job id: {what} must be a 26-character ULID.") from None
+        raise HTTPException(404, f"Not a {noun} id: {what} must be a 26-character ULID.") from None
 
 
 def _here(request: Request) -> str:

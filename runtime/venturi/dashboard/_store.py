@@ -5,17 +5,17 @@ of a page agree with each other) whose statements are bounded by a statement tim
 first (`dashboard_session`). Reads go through the public `Queue` on that connection
 (`store.using(conn)`), plus the few statements of `_db/queries/dashboard.sql`.
 
-Pause and resume go through the public `Queue` too, on a write transaction of the same
-bounds. Retry and forget are here until the failed-jobs API of the store lands; they change dead
-jobs only, each batch in one short transaction.
+Pause, resume, retry, forget and cancelling a batch go through the public `Queue` too (one
+semantics, whoever clicks), on a write transaction of the same bounds; retry all runs
+`Queue.retry_all`, whose batches are short transactions of their own.
 """
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 import asyncpg
@@ -24,29 +24,74 @@ from ulid import ULID
 from venturi._db import sql
 from venturi._db.run import discard_if_broken, release
 from venturi.codec import DEFAULT_CODEC, Codec
-from venturi.jobs import Job, JobFilter, JobStatus, JournalEntry, MinuteCounts, Stats
+from venturi.errors import JobStateError
+from venturi.jobs import (
+    BatchStatus,
+    Job,
+    JobFilter,
+    JobStatus,
+    JournalEntry,
+    MinuteCounts,
+    Stats,
+)
 from venturi.pauses import QueueState
 from venturi.postgres import PostgresStore
 from venturi.queue import Queue
 from venturi.registry import WorkerInfo
 from venturi.schedules import ScheduleInfo
 
-COUNT_CAP = 10_000
-"""Counts read from the jobs table (not the kept counters) stop here: "10,000+"."""
-BATCH = 1_000
-"""Jobs changed per transaction by "retry all" (short locks, short WAL bursts)."""
 BULK_LIMIT = 10_000
 """Jobs "retry all" changes per click at most: a click never holds a request for minutes."""
 
 
-@dataclass(frozen=True, slots=True)
-class Finished:
-    """Jobs finished since a moment, each count capped at `COUNT_CAP`."""
+CHAIN_LINKS = 100
+"""Links of one chain a page reads at most (a longer chain says that more follow)."""
 
-    done: int
-    failed: int
-    at: datetime
-    """The database's clock when read."""
+
+@dataclass(frozen=True, slots=True)
+class ChainLink:
+    """One link of a chain, as the chains page and a job's page show it."""
+
+    id: ULID
+    position: int
+    """1 for the first link read (the head, unless cleanup deleted earlier finished links)."""
+    kind: str
+    queue: str
+    status: JobStatus
+    run_at: datetime
+    created_at: datetime
+    finished_at: datetime | None
+    failures: int
+    last_error: str | None
+    has_next: bool
+    """It points at a next link (which the walk may not have read: the cap)."""
+
+
+def _link(r: asyncpg.Record) -> ChainLink:
+    return ChainLink(
+        id=ULID.from_bytes(r["id"].bytes),
+        position=r["position"],
+        kind=r["kind"],
+        queue=r["queue"],
+        status=JobStatus(r["status"]),
+        run_at=r["run_at"],
+        created_at=r["created_at"],
+        finished_at=r["finished_at"],
+        failures=r["failures"],
+        last_error=r["last_error"],
+        has_next=r["chain_next"] is not None,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class BatchCallback:
+    """One callback job of a batch."""
+
+    name: str
+    """then, catch or finally."""
+    id: ULID
+    kind: str
+    status: JobStatus
 
 
 class Reader:
@@ -72,11 +117,6 @@ class Reader:
             found.setdefault(r["kind"], {})[JobStatus(r["status"])] = r["n"]
         return found
 
-    async def finished_since(self, ago: timedelta) -> Finished:
-        rows = await self._fetch("dashboard_finished_since", ago=ago, cap=COUNT_CAP)
-        row = rows[0]
-        return Finished(done=row["done"], failed=row["failed"], at=row["at"])
-
     async def now(self) -> datetime:
         """The database's clock, as of this page's snapshot."""
         rows = await self._fetch("dashboard_now")
@@ -92,6 +132,28 @@ class Reader:
     async def journal(self, job_id: ULID) -> list[JournalEntry]:
         return await self.queue.job_journal(job_id)
 
+    async def chains(
+        self, *, before: ULID | None, limit: int
+    ) -> list[tuple[ULID, list[ChainLink]]]:
+        """The newest `limit` chains whose head is older than `before`, newest first, each
+        its links in order (at most `CHAIN_LINKS`)."""
+        rows = await self._fetch(
+            "dashboard_chains",
+            before_id=before.to_uuid() if before is not None else None,
+            limit=limit,
+            max_links=CHAIN_LINKS,
+        )
+        chains: dict[Any, list[ChainLink]] = {}
+        for r in rows:
+            chains.setdefault(r["head"], []).append(_link(r))
+        return [(ULID.from_bytes(head.bytes), links) for head, links in chains.items()]
+
+    async def job_chain(self, job_id: ULID) -> tuple[list[ChainLink], bool]:
+        """The links of the chain `job_id` is in (only itself when it is in none), and
+        whether the chain starts before the first link returned (the walk back's cap)."""
+        rows = await self._fetch("dashboard_job_chain", id=job_id.to_uuid(), max_links=CHAIN_LINKS)
+        return [_link(r) for r in rows], bool(rows and rows[0]["before"])
+
     async def queue_states(self) -> list[QueueState]:
         return await self.queue.queues()
 
@@ -106,6 +168,26 @@ class Reader:
 
     async def per_minute(self) -> list[MinuteCounts]:
         return await self.queue.finished_per_minute()
+
+    async def batches(self, limit: int, before: ULID | None) -> list[BatchStatus]:
+        return await self.queue.recent_batches(limit, before=before)
+
+    async def batch(self, batch_id: ULID) -> BatchStatus | None:
+        return await self.queue.batch_status(batch_id)
+
+    async def batch_callbacks(self, batch_id: ULID) -> list[BatchCallback]:
+        """The batch's callbacks, in the order they are decided: catch, then, finally."""
+        rows = await self._fetch("dashboard_batch_callbacks", id=batch_id.to_uuid())
+        found = {
+            r["batch_callback"]: BatchCallback(
+                r["batch_callback"],
+                ULID.from_bytes(r["id"].bytes),
+                r["kind"],
+                JobStatus(r["status"]),
+            )
+            for r in rows
+        }
+        return [found[name] for name in ("catch", "then", "finally") if name in found]
 
 
 class DashboardStore:
@@ -156,57 +238,47 @@ class DashboardStore:
             queue = Queue(self.store.using(conn), codec=self._codec)
             return await queue.pause(name, reason=reason, until=until)
 
+    async def cancel_batch(self, batch_id: ULID) -> int:
+        """Cancel the batch (`Queue.cancel_batch`); how many jobs were skipped."""
+        async with self._connection(readonly=False) as conn:
+            return await Queue(self.store.using(conn), codec=self._codec).cancel_batch(batch_id)
+
     async def resume(self, name: str) -> bool:
         """Resume the named queue; whether it was paused (`Queue.resume`)."""
         async with self._connection(readonly=False) as conn:
             return await Queue(self.store.using(conn), codec=self._codec).resume(name)
 
-    async def retry(self, ids: Sequence[ULID], *, actor: str) -> list[ULID]:
-        """Dead jobs among `ids` back to pending, eligible now, journaled and announced in
-        one transaction; returns those retried (a job no longer dead is left alone)."""
+    async def retry(self, job_id: ULID, *, actor: str) -> bool:
+        """`Queue.retry` with the actor in the journal's note; False when the job is no
+        longer dead (another click got there first, or it is gone). A unique job whose id
+        another job holds now stays dead: `JobStateError` says which job holds it."""
         async with self._connection(readonly=False) as conn:
-            return await self._retry(conn, [i.to_uuid() for i in ids], actor)
+            queue = Queue(self.store.using(conn), codec=self._codec)
+            try:
+                await queue.retry(job_id, note=retry_note(actor))
+            except JobStateError as exc:
+                if exc.status == JobStatus.DEAD.value:
+                    raise
+                return False
+        return True
 
-    async def forget(self, ids: Sequence[ULID]) -> list[ULID]:
-        """Delete the dead jobs among `ids` and their journal; returns those deleted."""
-        stmt = self._q["dashboard_job_forget"]
+    async def forget(self, job_id: ULID) -> bool:
+        """`Queue.forget`: delete the dead job and its journal; False when it is no longer
+        dead (or gone)."""
         async with self._connection(readonly=False) as conn:
-            rows = await conn.fetch(stmt.text, *stmt.args({"ids": [i.to_uuid() for i in ids]}))
-        return [ULID.from_bytes(r["id"].bytes) for r in rows]
+            try:
+                await Queue(self.store.using(conn), codec=self._codec).forget(job_id)
+            except JobStateError:
+                return False
+        return True
 
-    async def retry_all(
-        self,
-        *,
-        cutoff: datetime | None = None,
-        kind: str | None,
-        actor: str,
-        limit: int = BULK_LIMIT,
-        on_batch: Callable[[int], None] | None = None,
-    ) -> int:
-        """Retry the jobs that were dead at `cutoff` (the database's clock; default: now), of
-        `kind` or all, `BATCH` per transaction, at most `limit`; returns how many. Retried
-        jobs are pending, so each batch finds the next ones; one that dies again after
-        `cutoff` is not taken again."""
-        if cutoff is None:
-            async with self.reading() as reader:
-                cutoff = await reader.now()
-        total = 0
-        pick = self._q["dashboard_dead_ids"]
-        while total < limit:
-            async with self._connection(readonly=False) as conn:
-                rows = await conn.fetch(
-                    pick.text,
-                    *pick.args(
-                        {"cutoff": cutoff, "kind": kind, "limit": min(BATCH, limit - total)}
-                    ),
-                )
-                if not rows:
-                    break
-                retried = await self._retry(conn, [r["id"] for r in rows], actor)
-            total += len(retried)
-            if on_batch is not None:
-                on_batch(total)
-        return total
+    async def retry_all(self, *, kind: str | None, actor: str, limit: int = BULK_LIMIT) -> int:
+        """`Queue.retry_all` of `kind` (None: every kind), at most `limit` a click; returns
+        how many. Its batches are short statements of their own on the store's pool (a
+        transaction around them all would hold every lock to the end)."""
+        return await Queue(self.store, codec=self._codec).retry_all(
+            kind=kind, note=retry_note(actor), limit=limit
+        )
 
     async def dead_count(self, kind: str | None) -> int:
         """Dead jobs (of `kind`, or all) from the kept counters."""
@@ -218,17 +290,8 @@ class DashboardStore:
             if kind is None or k == kind
         )
 
-    async def _retry(self, conn: Any, ids: list[Any], actor: str) -> list[ULID]:
-        stmt = self._q["dashboard_job_retry"]
-        rows = await conn.fetch(
-            stmt.text,
-            *stmt.args(
-                {
-                    "ids": ids,
-                    "note": f"retried from the dashboard by {actor}",
-                    "actor": "dashboard",
-                    "channel": self.store.channel,
-                }
-            ),
-        )
-        return [ULID.from_bytes(r["id"].bytes) for r in rows]
+
+def retry_note(actor: str) -> str:
+    """The note of a retry's journal entry: who clicked (a long name cut: the note's bound)."""
+    name = actor if len(actor) <= 200 else actor[:199] + "…"
+    return f"retried from the dashboard by {name}"

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from venturi.dashboard._store import COUNT_CAP, Finished
+from ulid import ULID
+
+from venturi.dashboard._store import ChainLink
 from venturi.jobs import Job, JobStatus, MinuteCounts, Stats
 from venturi.pauses import QueueState
 from venturi.registry import WorkerInfo
@@ -23,6 +25,8 @@ STATUS_LABELS = {
     JobStatus.CLAIMED: "running",
     JobStatus.COMPLETED: "done",
     JobStatus.DEAD: "dead",
+    JobStatus.WAITING: "waiting",
+    JobStatus.CANCELLED: "cancelled",
 }
 
 
@@ -48,13 +52,13 @@ class Overview:
     dead: int
     done_total: int
     oldest_wait: float | None
-    finished: Finished
+    done_hour: int
+    failed_hour: int
+    """Jobs done, and failed for good, in the last hour: the per-minute counters (`Stats`)."""
     kinds: tuple[KindRow, ...]
 
 
-def overview(
-    stats: Stats, counts: Mapping[str, Mapping[JobStatus, int]], finished: Finished
-) -> Overview:
+def overview(stats: Stats, counts: Mapping[str, Mapping[JobStatus, int]]) -> Overview:
     kinds = sorted(
         set(counts)
         | set(stats.pending_by_kind)
@@ -81,7 +85,8 @@ def overview(
         dead=stats.dead,
         done_total=sum(r.done for r in rows),
         oldest_wait=stats.oldest_pending_age,
-        finished=finished,
+        done_hour=stats.done_last_hour,
+        failed_hour=stats.failed_last_hour,
         kinds=rows,
     )
 
@@ -254,6 +259,72 @@ def minute_chart(counts: Sequence[MinuteCounts], now: datetime) -> MinuteChart:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class Chain:
+    """One chain as the pages show it: its links in order and where it stands."""
+
+    head: ULID
+    links: tuple[ChainLink, ...]
+    state: str
+    """'done' (every link completed), 'running' (a link is pending or running), 'held' (a link
+    failed for good and links wait after it: retrying it resumes the chain), 'failed' (the
+    last link failed for good), or 'orphaned' (its first link waits for a link that is gone:
+    one deleted while dead, by forget or cleanup)."""
+    at: ChainLink | None
+    """The link the chain stands at: the first not completed (None when all are)."""
+    more: bool
+    """More links follow than were read (the page's cap)."""
+    earlier: bool = False
+    """Links come before the first one read (the walk back's cap)."""
+
+    @property
+    def held(self) -> bool:
+        return self.state == "held"
+
+
+def chain(head: ULID, links: Sequence[ChainLink], *, earlier: bool = False) -> Chain:
+    """Where a chain stands, from its links in order. Links before the one it stands at have
+    completed and those after it wait, so the first link not completed tells it all."""
+    more = bool(links) and links[-1].has_next
+    at = next((link for link in links if link.status is not JobStatus.COMPLETED), None)
+    if at is None:
+        state = "running" if more else "done"  # the link it stands at is past the cap
+    elif at.status is JobStatus.DEAD:
+        state = "held" if at.has_next else "failed"
+    elif at.status is JobStatus.WAITING:
+        state = "orphaned" if at is links[0] and not earlier else "running"
+    else:
+        state = "running"
+    return Chain(head=head, links=tuple(links), state=state, at=at, more=more, earlier=earlier)
+
+
+@dataclass(frozen=True, slots=True)
+class Place:
+    """A job's place in its chain: itself and the links either side (None: none, or not
+    read)."""
+
+    link: ChainLink
+    previous: ChainLink | None
+    next: ChainLink | None
+
+
+def place_in(c: Chain, job_id: ULID) -> Place | None:
+    """`job_id`'s place among `c`'s links (None if the links read do not hold it)."""
+    for i, link in enumerate(c.links):
+        if link.id == job_id:
+            previous = c.links[i - 1] if i > 0 else None
+            following = c.links[i + 1] if i + 1 < len(c.links) else None
+            return Place(link=link, previous=previous, next=following)
+    return None
+
+
+def link_status(link: ChainLink, now: datetime) -> str:
+    """A link's status as a person reads it (see `shown_status`)."""
+    if link.status is JobStatus.PENDING and link.run_at > now:
+        return "scheduled"
+    return STATUS_LABELS[link.status]
+
+
 def status_totals(counts: Mapping[str, Mapping[JobStatus, int]]) -> dict[JobStatus, int]:
     """Jobs per status over every kind (for the jobs page's tabs)."""
     totals = dict.fromkeys(JobStatus, 0)
@@ -266,11 +337,6 @@ def status_totals(counts: Mapping[str, Mapping[JobStatus, int]]) -> dict[JobStat
 def number(n: int) -> str:
     """1234567 -> '1,234,567'."""
     return f"{n:,}"
-
-
-def capped(n: int) -> str:
-    """A count read with a cap: '10,000+' at the cap."""
-    return f"{COUNT_CAP:,}+" if n >= COUNT_CAP else f"{n:,}"
 
 
 def duration(seconds: float | None) -> str:

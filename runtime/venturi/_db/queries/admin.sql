@@ -6,7 +6,7 @@
 SELECT id, kind, queue, status, priority, run_at, created_at, finished_at,
        payload::text AS payload, carry::text AS carry,
        run_count, failures, claimed_at, lease_until, claimed_by, claimed_pod, last_error,
-       result::text AS result, progress::text AS progress
+       result::text AS result, progress::text AS progress, batch_id
 FROM {prefix}_jobs WHERE id = :id;
 
 -- job_list --
@@ -14,7 +14,7 @@ FROM {prefix}_jobs WHERE id = :id;
 SELECT id, kind, queue, status, priority, run_at, created_at, finished_at,
        payload::text AS payload, carry::text AS carry,
        run_count, failures, claimed_at, lease_until, claimed_by, claimed_pod, last_error,
-       result::text AS result, progress::text AS progress
+       result::text AS result, progress::text AS progress, batch_id
 FROM {prefix}_jobs
 WHERE (:status::text IS NULL OR status = :status)
   AND (:kind::text IS NULL OR kind = :kind)
@@ -29,7 +29,7 @@ LIMIT :limit;
 -- Delete one bounded batch of finished jobs and their journal (short locks, short WAL bursts).
 WITH doomed AS (
     SELECT id FROM {prefix}_jobs
-    WHERE status IN ('completed', 'dead') AND finished_at < :finished_before
+    WHERE status IN ('completed', 'dead', 'cancelled') AND finished_at < :finished_before
       AND (:kind::text IS NULL OR kind = :kind)
       AND (:status::text IS NULL OR status = :status)
     ORDER BY finished_at

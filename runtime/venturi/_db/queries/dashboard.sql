@@ -1,6 +1,7 @@
 -- The dashboard's own statements (venturi.dashboard). Reads run in a read-only transaction
 -- that dashboard_session bounds first; every read is cheap at any table size (the kept
--- counters, capped counts, index range scans). The actions change dead jobs only.
+-- counters, index range scans). The actions are the queue's own (Queue.retry,
+-- retry_all, forget, pause, resume: failed.sql, queues.sql).
 
 -- dashboard_session --
 -- Bound every statement of this transaction (SET LOCAL, with a parameter): no dashboard query
@@ -20,54 +21,68 @@ ORDER BY kind, status;
 -- The database's clock (the transaction's start: the moment the page's snapshot shows).
 SELECT now() AS now;
 
--- dashboard_finished_since --
--- Jobs that finished (completed, dead) in the last :ago, each count capped at :cap so it stays a
--- short range scan of {prefix}_jobs_finished_idx however busy the hour was.
-SELECT
-    (SELECT count(*) FROM (
-        SELECT 1 FROM {prefix}_jobs
-        WHERE status = 'completed' AND finished_at >= now() - :ago::interval LIMIT :cap) AS d)::bigint AS done,
-    (SELECT count(*) FROM (
-        SELECT 1 FROM {prefix}_jobs
-        WHERE status = 'dead' AND finished_at >= now() - :ago::interval LIMIT :cap) AS f)::bigint AS failed,
-    now() AS at;
-
--- dashboard_dead_ids --
--- Up to :limit dead jobs (of :kind, NULL = any) that died at or before :cutoff, oldest death
--- first, locked for a retry or forget (skipping any another click holds).
-SELECT id FROM {prefix}_jobs
-WHERE status = 'dead' AND finished_at <= :cutoff AND (:kind::text IS NULL OR kind = :kind)
-ORDER BY finished_at
-LIMIT :limit
-FOR UPDATE SKIP LOCKED;
-
--- dashboard_job_retry --
--- Dead jobs back to pending, eligible now, with a journal row each and a wake-up per kind, in
--- one statement. Only jobs still dead change (a job retried by another click meanwhile is left
--- alone and not returned). `failures` is kept: a job that died at the backstop gets one more
--- run (a permanent error still ends it at once). Journaled as 'released' (handed back,
--- eligible at once, not a failure) with :note saying who retried it.
-WITH retried AS (
-    UPDATE {prefix}_jobs SET
-        status = 'pending',
-        run_at = now(),
-        finished_at = NULL
-    WHERE id = ANY(:ids::uuid[]) AND status = 'dead'
-    RETURNING id, kind, run_count
-), journal AS (
-    INSERT INTO {prefix}_journal (job_id, run, outcome, note, worker)
-    SELECT id, run_count, 'released', :note, :actor FROM retried
-), woken AS (
-    SELECT pg_notify(:channel, kind) FROM (SELECT DISTINCT kind FROM retried) AS kinds
+-- dashboard_chains --
+-- The newest :limit chains whose head (a link no job's chain_next points at) is older than
+-- :before_id (NULL: from the newest), each walked from its head along chain_next, at most
+-- :max_links links. Cheap at any table size: the heads come newest first off the chained
+-- jobs' id index (only jobs with a next link are in it), the "nothing points at it" test is one
+-- probe of the chain_next index, each step a primary-key lookup (the chain_links migration
+-- adds both indexes); the scan passes each chain's other linked jobs once. A chain's
+-- last link has no chain_next, so it is reached by the walk only. A head is the first link
+-- left: when cleanup deleted finished links, the chain shows from the first one kept.
+WITH RECURSIVE heads AS (
+    SELECT h.id FROM {prefix}_jobs AS h
+    WHERE h.chain_next IS NOT NULL
+      AND (:before_id::uuid IS NULL OR h.id < :before_id)
+      AND NOT EXISTS (SELECT 1 FROM {prefix}_jobs AS p WHERE p.chain_next = h.id)
+    ORDER BY h.id DESC
+    LIMIT :limit
+), links AS (
+    SELECT h.id AS head, 1 AS position, j.id, j.chain_next, j.kind, j.queue, j.status,
+           j.run_at, j.created_at, j.finished_at, j.failures, left(j.last_error, 500) AS last_error
+    FROM heads AS h JOIN {prefix}_jobs AS j ON j.id = h.id
+    UNION ALL
+    SELECT l.head, l.position + 1, j.id, j.chain_next, j.kind, j.queue, j.status,
+           j.run_at, j.created_at, j.finished_at, j.failures, left(j.last_error, 500)
+    FROM links AS l JOIN {prefix}_jobs AS j ON j.id = l.chain_next
+    WHERE l.position < :max_links
 )
-SELECT retried.id, (SELECT count(*) FROM woken) AS woken FROM retried;
+SELECT head, position, id, chain_next, kind, queue, status, run_at, created_at, finished_at,
+       failures, last_error
+FROM links
+ORDER BY head DESC, position;
 
--- dashboard_job_forget --
--- Delete dead jobs and their journal. Only dead jobs: a pending or running job is never
--- deleted from here.
-WITH doomed AS (
-    SELECT id FROM {prefix}_jobs WHERE id = ANY(:ids::uuid[]) AND status = 'dead' FOR UPDATE
-), journal AS (
-    DELETE FROM {prefix}_journal WHERE job_id IN (SELECT id FROM doomed)
+-- dashboard_job_chain --
+-- The chain job :id is a link of (no row but its own when it is not one): back to its head along
+-- the chain_next index (at most :max_links steps), then forward from there along chain_next
+-- (at most :max_links links). `position` counts from the first link found (1); `before` is
+-- true when the walk back stopped at its cap (the chain starts earlier than shown).
+WITH RECURSIVE back AS (
+    SELECT :id::uuid AS id, 0 AS step
+    UNION ALL
+    SELECT p.id, b.step + 1
+    FROM back AS b JOIN {prefix}_jobs AS p ON p.chain_next = b.id
+    WHERE b.step < :max_links
+), head AS (
+    SELECT id, step FROM back ORDER BY step DESC LIMIT 1
+), links AS (
+    SELECT 1 AS position, j.id, j.chain_next, j.kind, j.queue, j.status, j.run_at, j.created_at,
+           j.finished_at, j.failures, left(j.last_error, 500) AS last_error,
+           h.step >= :max_links AS before
+    FROM head AS h JOIN {prefix}_jobs AS j ON j.id = h.id
+    UNION ALL
+    SELECT l.position + 1, j.id, j.chain_next, j.kind, j.queue, j.status, j.run_at, j.created_at,
+           j.finished_at, j.failures, left(j.last_error, 500), l.before
+    FROM links AS l JOIN {prefix}_jobs AS j ON j.id = l.chain_next
+    WHERE l.position < :max_links * 2
 )
-DELETE FROM {prefix}_jobs WHERE id IN (SELECT id FROM doomed) RETURNING id;
+SELECT position, id, chain_next, kind, queue, status, run_at, created_at, finished_at, failures,
+       last_error, before
+FROM links
+ORDER BY position;
+
+-- dashboard_batch_callbacks --
+-- A batch's callback jobs, by name (one probe each of the batch index).
+SELECT batch_callback, id, kind, status
+FROM {prefix}_jobs
+WHERE batch_id = :id AND batch_callback IN ('then', 'catch', 'finally');

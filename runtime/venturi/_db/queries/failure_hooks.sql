@@ -11,7 +11,7 @@ SET hook_lease_until = now() + make_interval(secs => :lease_s)
 FROM unnest(:ids::uuid[], :tokens::uuid[]) AS h(id, token)
 WHERE j.id = h.id AND j.hook_token = h.token
 RETURNING j.id, j.hook_token, j.kind, j.queue, j.payload::text AS payload, j.carry::text AS carry,
-          j.run_count, j.failures, j.last_error, j.finished_at,
+          j.run_count, j.failures, j.last_error, j.finished_at, j.batch_id,
           (SELECT jsonb_agg(jsonb_build_object(
                       'run', x.run, 'outcome', x.outcome, 'at', x.at, 'note', x.note,
                       'attachment', x.attachment, 'duration_s', x.duration_s,
@@ -34,7 +34,7 @@ SET hook_token = gen_random_uuid(),
     hook_lease_until = now() + make_interval(secs => :lease_s)
 WHERE j.id IN (SELECT id FROM due)
 RETURNING j.id, j.hook_token, j.kind, j.queue, j.payload::text AS payload, j.carry::text AS carry,
-          j.run_count, j.failures, j.last_error, j.finished_at,
+          j.run_count, j.failures, j.last_error, j.finished_at, j.batch_id,
           (SELECT jsonb_agg(jsonb_build_object(
                       'run', x.run, 'outcome', x.outcome, 'at', x.at, 'note', x.note,
                       'attachment', x.attachment, 'duration_s', x.duration_s,

@@ -12,14 +12,15 @@
 -- whether or not it is read, so they are what it inserted (a DISTINCT over its RETURNING
 -- costs about 25 us a statement).
 -- Every job goes to :queue, unless :queues (a batch spanning several queues) names each one's.
+-- :batch_id: the Queue.batch they belong to (NULL for nearly every insert).
 WITH inserted AS (
     INSERT INTO {prefix}_jobs (id, kind, queue, priority, run_at, payload,
                                lease_s, backoff_base_s, backoff_cap_s, dedup_key,
-                               max_attempts, timeout_s, trace_context)
+                               max_attempts, timeout_s, trace_context, batch_id)
     SELECT r.id, r.kind, coalesce(r.queue, :queue), r.priority,
            coalesce(r.run_at, now() + make_interval(secs => coalesce(r.delay_s, 0))),
            r.payload::jsonb, r.lease_s, r.backoff_base_s, r.backoff_cap_s, r.dedup_key,
-           r.max_attempts, r.timeout_s, r.trace_context
+           r.max_attempts, r.timeout_s, r.trace_context, :batch_id::uuid
     FROM unnest(:ids::uuid[], :kinds::text[], :priorities::smallint[], :run_at::timestamptz[],
                 :delay_s::float8[], :payloads::text[], :lease_s::float8[],
                 :backoff_base_s::float8[], :backoff_cap_s::float8[], :dedup_keys::text[],
@@ -38,12 +39,13 @@ SELECT pg_notify(:channel, w.kind) FROM unnest(:wake_kinds::text[]) AS w(kind);
 WITH inserted AS (
     INSERT INTO {prefix}_jobs (id, kind, queue, priority, run_at, payload,
                                lease_s, backoff_base_s, backoff_cap_s, dedup_key,
-                               max_attempts, timeout_s, trace_context)
+                               max_attempts, timeout_s, trace_context, batch_id)
     -- The delay's cast: coalesce(:delay_s, 0) alone would type it integer (1.2 s -> 1 s).
     VALUES (:id, :kind, :queue, :priority,
             coalesce(:run_at, now() + make_interval(secs => coalesce(:delay_s::float8, 0))),
             :payload::text::jsonb, :lease_s, :backoff_base_s, :backoff_cap_s, :dedup_key,
-            :max_attempts::integer, :timeout_s::float8, :trace_context)
+            :max_attempts::integer, :timeout_s::float8, :trace_context,
+            :batch_id::uuid)
     RETURNING kind
 )
 SELECT pg_notify(:channel, kind) FROM inserted;
@@ -60,11 +62,11 @@ SELECT pg_notify(:channel, kind) FROM inserted;
 -- context never changes after the insert).
 SELECT c.id, c.kind, c.queue, c.payload, c.carry, c.run_count, c.failures, c.claim_token,
        c.lease_s, c.backoff_base_s, c.backoff_cap_s, c.waited_s, c.history, c.max_attempts,
-       c.timeout_s,
+       c.timeout_s, c.batch_id,
        CASE WHEN :traced::bool THEN
            (SELECT j.trace_context FROM {prefix}_jobs AS j WHERE j.id = c.id) END
            AS trace_context
-FROM {prefix}_claim_v3(:queues, :kinds, :skip_kinds, :n, :reserved_low, :reserved_normal,
+FROM {prefix}_claim_v4(:queues, :kinds, :skip_kinds, :n, :reserved_low, :reserved_normal,
                        :worker, :pod, :default_lease_s, :held_lease_s, :channel) AS c;
 
 -- job_settle_many --

@@ -3,7 +3,8 @@
 -- job_await --
 -- Mark :id as awaited, if it has not finished, so that its settle or recovery notifies the
 -- results channel with its id. Returns its status when marked (NULL: finished, or no such
--- job). Run after LISTEN on the channel: a job that finishes once marked always notifies.
+-- job). A chain's link or a batch's callback that waits is awaited too. Run after LISTEN
+-- on the channel: a job that finishes once marked always notifies.
 UPDATE {prefix}_jobs SET awaited = true
-WHERE id = :id AND status IN ('pending', 'claimed')
+WHERE id = :id AND status IN ('pending', 'claimed', 'waiting')
 RETURNING status;
