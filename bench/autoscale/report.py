@@ -316,7 +316,12 @@ def render(
             "",
         ]
     lines += _bounds(summary, runs)
-    lines += _analysis(summary, runs, held_out[1] if held_out is not None else None)
+    lines += _analysis(
+        summary,
+        runs,
+        held_out[1] if held_out is not None else None,
+        held_out[2] if held_out is not None else (),
+    )
     lines += ["## venturi's flaps, one by one", ""]
     noted = False
     for r in runs:
@@ -523,7 +528,12 @@ def _flap_kinds(runs: Sequence[RunLike], trace: str) -> tuple[int, int]:
     return kinds.count("up-down"), kinds.count("down-up")
 
 
-def _analysis(summary: Medians, runs: Sequence[RunLike], other: Medians | None = None) -> list[str]:
+def _analysis(
+    summary: Medians,
+    runs: Sequence[RunLike],
+    other: Medians | None = None,
+    other_runs: Sequence[RunLike] = (),
+) -> list[str]:
     """Why each goal is met or missed, with the figures of this run (and of other seeds)."""
     met = {(trace, goal): ok for goal, trace, _, ok in _goals(summary, runs)}
     out = ["## Where a goal is missed, and why", ""]
@@ -540,8 +550,9 @@ def _analysis(summary: Medians, runs: Sequence[RunLike], other: Medians | None =
     flap_goal = "at most one flap (median over seeds)"
     if "step" in summary and missed("step", rs_goal):
         out.append(
-            "- **step, replica-seconds: out of reach with the p99 goal, for any policy** (the "
-            f"bound above). venturi: {fig('step', 'venturi', 'replica_seconds')} replica-seconds "
+            "- **step, replica-seconds: out of reach with the p99 goal for any schedule of the "
+            "bound's kind, even one that knows the trace** (the bound above). venturi: "
+            f"{fig('step', 'venturi', 'replica_seconds')} replica-seconds "
             f"at a p99 of {fig('step', 'venturi', 'wait_p99', '{:.1f}')} s; the clairvoyant: "
             f"{fig('step', CLAIRVOYANT, 'replica_seconds')}. What venturi pays beyond it is "
             "learning each plateau (a few tens of seconds of backlog at each rise, worked off by "
@@ -643,6 +654,13 @@ def _analysis(summary: Medians, runs: Sequence[RunLike], other: Medians | None =
         if interrupted == 0
         else f"{interrupted} jobs were interrupted by a scale-in over all traces and seeds"
     )
+    elsewhere = [
+        f"{r.trace}, seed {r.seed}: {r.metrics.rerun + r.metrics.killed}"
+        for r in other_runs
+        if r.policy == "venturi" and r.metrics.rerun + r.metrics.killed
+    ]
+    if elsewhere:
+        first += f" (on the other seeds, jobs interrupted: {'; '.join(elsewhere)})"
     out += [
         "",
         f"{first}: the operator never scales in below the pods that hold jobs, and gives the "
@@ -650,8 +668,11 @@ def _analysis(summary: Medians, runs: Sequence[RunLike], other: Medians | None =
         "and the ReplicaSet's deletion (50 ms in the model); the drain (`shutdown_timeout` "
         "within the grace period) then finishes that job unless it runs longer than 30 s. "
         "That race is the one way a scale-in interrupts a job here, once in many hundred "
-        "scale-ins; on a real cluster the read, the patches and the kubelet's SIGTERM take "
-        "longer than 50 ms, and it is likelier.",
+        "scale-ins (looking for idle pods every 2 s makes more scale-ins of one pod each); on "
+        "a real cluster the read, the patches and the kubelet's SIGTERM take longer than 50 "
+        "ms, and it is likelier. No policy that scales in while jobs arrive, at random, to "
+        "pods that may be removed, avoids it; workers that pack their claims (below) make it "
+        "rarer, a `shutdown_timeout` above the longest job removes it.",
         "",
         "*Packed placement* is what a worker change would buy: the workers' claim after a "
         "NOTIFY waits in proportion to its free slots (for example 100 ms times the free "
