@@ -126,9 +126,9 @@ peak). The HPA-compatible ``behavior`` stays, as the user's explicit limits. In 
     ``fallbackReplicas`` when that is set and higher, which also works from zero (KEDA #7239).
     The decision says ``fallback=True``. Bounds (step 1) still apply.
 
-Inputs the runtime cannot give yet have seams that default to none: ``PoolLoad.paused`` (pending
-jobs of paused queues) and ``PoolLoad.unserved`` (pending jobs of kinds no live worker serves)
-are counted in ``pending`` and never taken as demand.
+``PoolLoad.paused`` (pending jobs of paused queues, from the stats) and ``PoolLoad.unserved``
+(pending jobs of kinds no live worker serves: a seam, 0 until the operator reads the worker
+registry) are counted in ``pending`` and never taken as demand.
 
 Times are floats in seconds on one clock of the caller's choice (``time.monotonic()`` suits an
 in-memory history); only differences between them matter.
@@ -203,7 +203,7 @@ SERVICE_EVIDENCE = 2.0
 ENOUGH_FINISHED = 50
 #: A sample this many Poisson standard deviations above the arrival rate is a rise; a rise two
 #: ticks running, the second at least RISE_AGREE of the first, is a new rate, at most
-#: RISE_GROWTH times the first tick's.
+#: RISE_GROWTH times the first tick's. As many below it is a fall; two running, a new rate.
 RISE_SIGMAS = 3.0
 RISE_AGREE = 0.8
 RISE_GROWTH = 2.0
@@ -389,7 +389,7 @@ class PoolLoad:
     #: ``paused``, which the runtime reports as False until queues can be paused: 0 today.)
     paused: int = 0
     #: Of ``pending``, jobs of kinds no live worker serves: no demand, a condition. (A seam:
-    #: the runtime has no worker registry yet, so this is always 0 today.)
+    #: the operator does not read the worker registry yet, so this is always 0 today.)
     unserved: int = 0
 
     def __post_init__(self) -> None:
