@@ -9,8 +9,9 @@ the previous tick returned; when that decides a scale-in, the pods' claims
 (``Queue.claimed_by_pod()``) become deletion costs (``scalein``), the busy pods are counted and
 ``decide`` runs again with them, and the costs are patched before the scale. The loop around it
 is the daemon's in ``handlers.jobqueue``: a tick when the JobQueue appears, then one
-``interval`` after each tick ends, or earlier when a NOTIFY wakes it (``cadence.wakes``, from
-the replicas the last tick decided and when it ran).
+``interval`` after each tick ends (``cadence.next_wait``: a couple of seconds after a scale-in
+busy pods held back), or earlier when a NOTIFY wakes it (``cadence.wake_at``, from the
+replicas the last tick decided and when it ran).
 """
 
 from __future__ import annotations
@@ -79,9 +80,12 @@ class VenturiOperator:
         *,
         name: str = "venturi",
         spare_busy_pods: bool = True,
+        retry: bool = True,
         overrides: Mapping[str, float] | None = None,
     ) -> None:
         self.name = name
+        #: An ablation only: the interval after a scale-in busy pods held back, too.
+        self.retry = retry
         #: Ablations only (the report's "what each rule costs"): pods' claims ignored, or
         #: policy constants replaced while ``decide`` runs.
         self.spare_busy_pods = spare_busy_pods
@@ -158,7 +162,9 @@ class VenturiOperator:
             cluster.at(now + TICK_LATENCY_S, apply)
         self.history = decision.history
         self.decided = decision.replicas
-        self._schedule(cluster, now + TICK_LATENCY_S + self.spec.interval)
+        spared = self.retry and decision.reason is policy.Reason.BUSY_PODS_SPARED
+        wait = cadence.next_wait(self.spec.interval, spared=spared)
+        self._schedule(cluster, now + TICK_LATENCY_S + wait)
 
 
 class Static:

@@ -3,6 +3,8 @@ with one rule changed (the ablations: what that rule costs and buys); clairvoyan
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from bench.autoscale.traces import STEP_LEVELS
 
 POLICIES = ("venturi", "keda (pending)", "keda (pending+running)", "static")
@@ -15,7 +17,8 @@ PACKED = "venturi, packed placement"
 SHORT_HOLD = "venturi, 300 s hold only"
 LONG_HOLD = "venturi, 900 s hold always"
 NO_TREND = "venturi, no trend"
-ABLATIONS = (NO_SPARE, PACKED, SHORT_HOLD, LONG_HOLD, NO_TREND)
+NO_RETRY = "venturi, interval after a held-back scale-in"
+ABLATIONS = (NO_SPARE, PACKED, NO_RETRY, SHORT_HOLD, LONG_HOLD, NO_TREND)
 #: Policy constants each ablation replaces while ``decide`` runs.
 OVERRIDES: dict[str, dict[str, float]] = {
     SHORT_HOLD: {"BRIDGE_SECONDS": 0.0},
@@ -28,10 +31,30 @@ CLAIRVOYANT = "clairvoyant"
 CLAIRVOYANT_SPARED = "clairvoyant, busy pods spared"
 
 
-def fewer_on(plateau: int) -> str:
-    """The step bound's variant with one pod fewer on one plateau."""
-    rate = STEP_LEVELS[plateau][1]
-    return f"clairvoyant, one pod fewer on plateau {plateau + 1} ({rate:g} jobs/s)"
+#: The step bound's stretches: one pod fewer for the first k eighths of a plateau.
+EIGHTHS = tuple(range(1, 9))
+SHORTED = "clairvoyant, one pod fewer for "
+
+
+def shorted(eighths: Sequence[int]) -> str:
+    """The step bound's variant with one pod fewer for the first ``eighths[i]`` eighths of
+    plateau i (each plateau after its rise and before its fall)."""
+    if len(eighths) != len(STEP_LEVELS) or not all(0 <= e <= 8 for e in eighths):
+        raise ValueError(f"expected {len(STEP_LEVELS)} eighths in [0, 8], got {eighths}")
+    return SHORTED + ", ".join(f"{e}/8" for e in eighths) + " of the plateaus"
+
+
+def shorted_eighths(policy: str) -> tuple[int, ...] | None:
+    """The eighths of a :func:`shorted` name; None for any other policy."""
+    if not policy.startswith(SHORTED):
+        return None
+    body = policy.removeprefix(SHORTED).removesuffix(" of the plateaus")
+    return tuple(int(part.strip().removesuffix("/8")) for part in body.split(","))
+
+
+def fewer_on(plateau: int, eighths: int = 8) -> str:
+    """One pod fewer for the first ``eighths`` eighths of one plateau, the others as they are."""
+    return shorted([eighths if i == plateau else 0 for i in range(len(STEP_LEVELS))])
 
 
 def policies_for(trace: str, ablations: bool) -> tuple[str, ...]:
@@ -39,7 +62,10 @@ def policies_for(trace: str, ablations: bool) -> tuple[str, ...]:
         return POLICIES
     extra: tuple[str, ...] = ()
     if trace == "step":
-        extra = (CLAIRVOYANT, *(fewer_on(i) for i in range(len(STEP_LEVELS))))
+        extra = (
+            CLAIRVOYANT,
+            *(fewer_on(i, e) for i in range(len(STEP_LEVELS)) for e in EIGHTHS),
+        )
     elif trace == "diurnal":
         extra = (CLAIRVOYANT_SPARED,)
     return (*POLICIES, *ABLATIONS, *extra)

@@ -10,14 +10,30 @@ previous tick ends, and when a NOTIFY (a job enqueued or made claimable) wakes i
   that arrives at a running pool is seen within that, not up to an interval later, while a
   steady stream of jobs costs at most one tick per :data:`BURST_WAKE_SECONDS` (each tick is one
   stats query of under a millisecond, and the API calls that read the Deployment).
+
+After a tick whose scale-in was held back because every pod it would remove holds a job, the
+next tick comes :data:`SPARED_RETRY_SECONDS` later instead of an interval (:func:`next_wait`).
 """
 
 from __future__ import annotations
 
-__all__ = ["BURST_WAKE_SECONDS", "wake_at"]
+__all__ = ["BURST_WAKE_SECONDS", "SPARED_RETRY_SECONDS", "next_wait", "wake_at"]
 
 #: The least time between ticks that NOTIFYs at a running pool cause.
 BURST_WAKE_SECONDS = 5.0
+#: The wait after a tick whose scale-in busy pods held back: a pod that goes idle is taken
+#: within this, not an interval later.
+SPARED_RETRY_SECONDS = 2.0
+
+
+def next_wait(interval: float, *, spared: bool) -> float:
+    """Seconds from the end of a tick to the next one (unless a NOTIFY or a spec change wakes
+    the loop sooner): ``interval``, or :data:`SPARED_RETRY_SECONDS` when the tick wanted fewer
+    replicas than the pods that hold jobs (``policy.Reason.BUSY_PODS_SPARED``). Jobs spread
+    over the pods, so a pool busy at 80 % rarely has a pod idle, and then not for long: a scale-in
+    that waits for one must look often to catch it (each look is one stats query, one claims
+    query and a pod list, and only while a scale-in waits)."""
+    return min(interval, SPARED_RETRY_SECONDS) if spared else interval
 
 
 def wake_at(*, decided: int | None, last_tick: float | None, now: float) -> float | None:

@@ -1,6 +1,7 @@
 """The kopf wiring: one daemon per JobQueue that reconciles every `spec.interval` seconds,
-at once when the spec changes, at once when a job arrives for a pool at zero, and soon
-(`cadence.wake_at`) when jobs arrive at a running pool.
+at once when the spec changes, at once when a job arrives for a pool at zero, soon
+(`cadence.wake_at`) when jobs arrive at a running pool, and within seconds after a scale-in
+that busy pods held back (`cadence.next_wait`).
 
 Handlers are thin: they translate kopf's arguments and hand over to `Reconciler.tick`.
 `build_registry` returns a fresh `kopf.OperatorRegistry`, so tests and `__main__` pass
@@ -16,6 +17,7 @@ from typing import Any
 
 import kopf
 
+from venturi_operator import cadence
 from venturi_operator.kube import GROUP, PLURAL, VERSION
 from venturi_operator.reconcile import Reconciler
 from venturi_operator.spec import DEFAULT_INTERVAL
@@ -116,6 +118,7 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
                     deferred.pop().cancel()
                 spec = plain(body.get("spec") or {})
                 generation = int(body.get("metadata", {}).get("generation") or 0)
+                spared = False
                 try:
                     result = await reconciler.tick(
                         namespace,
@@ -127,6 +130,7 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
                         on_job,
                     )
                     await reconciler.kube.patch_status(namespace, name, result.status)
+                    spared = result.spared
                 except Exception:  # one bad tick must never end the daemon
                     logger.exception(
                         "%s/%s: reconcile failed",
@@ -138,6 +142,8 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
                 reconciled[key] = generation
                 interval = spec.get("interval") if isinstance(spec, dict) else None
                 seconds = float(interval) if isinstance(interval, int) else DEFAULT_INTERVAL
+                # Sooner after a scale-in that busy pods held back: an idle pod is seldom idle long.
+                seconds = cadence.next_wait(seconds, spared=spared)
                 await _wait(wake, stopped, seconds)  # a spec change sets `wake` (on_change)
         finally:
             while deferred:

@@ -32,8 +32,11 @@ peak). The HPA-compatible ``behavior`` stays, as the user's explicit limits. In 
    leaves more pending jobs than one replica runs it is a *burst*, whose time is kept; a pool
    whose bursts come less than 600 s apart takes a new rate only from two ticks within 80 %
    of each other either way (batches a tick apart are likelier there than a new rate). A
-   cleanup that lowers the totals skips that tick's sample. The time from a scale-up to its
-   pods being ready is observed too (``startup``, 30 s until seen).
+   fall as far below it two ticks running (the end of a spike, a step down) is a new, lower
+   rate, taken at once in both averages: read as a trend, a step down would extrapolate the
+   rate to nothing for minutes. A cleanup that lowers the totals skips that tick's sample.
+   The time from a scale-up to its pods being ready is observed too (``startup``, 30 s until
+   seen).
 
 3. **Recommendation from capacity.** With ``k = targetPerReplica`` slots per replica and the
    age target ``H = maxOldestPendingAge`` (60 s unset):
@@ -56,10 +59,13 @@ peak). The HPA-compatible ``behavior`` stays, as the user's explicit limits. In 
 
        need(s) = ceil(max(flow + drain + s * sqrt(flow + drain), latency) / k)
        scale up   when current < need(0.75),   to need(1.25)
-       scale down when current > need(2.5),    to need(1.25), never below ceil(claimed / k)
+       scale down when current > need(2.5)+,   to need(1.25), never below ceil(claimed / k)
 
-   Between the two the count holds: that band is the hysteresis, whole replicas wide at small
-   counts, so noise does not flap; at large counts the spare is a small share, so a big pool
+   where ``need(2.5)+`` counts the flow at the arrival rate's upper bound, one standard
+   deviation of the Poisson count it was estimated from above it (a scale-in must not follow a
+   low reading of the rate, which at a few jobs a second is a large share of it). Between the
+   two the count holds: that band is the hysteresis, whole replicas wide at small counts, so
+   noise does not flap; at large counts the spare is a small share, so a big pool
    runs its slots close to full. Until enough jobs have been seen finish (a new pool; more than
    twice the claimed jobs, or 50) the recommendation is the HPA's count, ``ceil((pending +
    claimed) / k)`` -- every job a slot at once, the most that can help without knowing how
@@ -76,15 +82,20 @@ peak). The HPA-compatible ``behavior`` stays, as the user's explicit limits. In 
 
 5. **Activation.** A pool is *active* when it has a claimed job, more pending jobs than
    ``activationThreshold``, or a pending job older than ``maxOldestPendingAge``. An inactive
-   pool's recommendation is 0. At zero replicas an active pool gets what it needs at once, at
+   pool's recommendation is 0 -- once it has been inactive for ``cooldownSeconds``; before
+   that (a lull: every job done, the next not yet arrived) a running pool is sized for its
+   arrival rate as above, so that a moment without work does not take replicas the next
+   minute needs. At zero replicas an active pool gets what it needs at once, at
    least one replica, whatever the stabilization windows and rate policies say.
 
 6. **Stabilization**, exactly as the HPA's ``stabilizeRecommendationWithBehaviors``: the current
    count clamped between the lowest recommendation of the scale-up window and the highest of
    the scale-down window (each includes this tick's recommendation). Windows the user does not
-   set: no scale-up window, and a 120 s scale-down window (the HPA's 300 s exists because a
-   CPU ratio is noisy; the band of step 3 already absorbs noise). Without
-   ``behavior.scaleDown``, no scale-down either within 300 s of a scale-up: a scale in the
+   set: none, either way (the HPA's 300 s exists because a CPU ratio is noisy; the band of
+   step 3 already absorbs noise, and a window on top makes a pool whose load falls steadily
+   lag it by the window's worth of the fall), except a 120 s scale-down window for a pool
+   whose bursts come less than 600 s apart (below), whose replicas bridge a burst's tail.
+   Without ``behavior.scaleDown``, no scale-down either within 300 s of a scale-up: a scale in the
    opposite direction that soon undoes it (a flap). A pool whose bursts come less than 600 s
    apart (the median gap between its last six bursts) holds 600 s instead: its replicas bridge
    the gap to the next burst, which finds them warm, where a scale-in between the two would be
@@ -100,7 +111,9 @@ peak). The HPA-compatible ``behavior`` stays, as the user's explicit limits. In 
    claimed job (``busy``), a scale-in never goes below that: the operator gives the idle pods
    the lowest ``controller.kubernetes.io/pod-deletion-cost``, so the ReplicaSet takes them (and
    starting pods, which it takes first anyway) and no running job is interrupted. The rest goes
-   once more pods are idle.
+   once more pods are idle: after such a decision (``BusyPodsSpared``) the operator ticks again
+   within seconds, not an interval later (``cadence.next_wait``), since with jobs spread over
+   the pods an idle one appears seldom and not for long.
 
 9. **Scale to zero.** The last replica goes once the pool has been inactive for
    ``cooldownSeconds`` -- exactly that, not also the scale-down window (1 -> 0 only); N -> 1
@@ -113,9 +126,9 @@ peak). The HPA-compatible ``behavior`` stays, as the user's explicit limits. In 
     ``fallbackReplicas`` when that is set and higher, which also works from zero (KEDA #7239).
     The decision says ``fallback=True``. Bounds (step 1) still apply.
 
-Inputs the runtime cannot give yet have seams that default to none: ``PoolLoad.paused`` (pending
-jobs of paused queues) and ``PoolLoad.unserved`` (pending jobs of kinds no live worker serves)
-are counted in ``pending`` and never taken as demand.
+``PoolLoad.paused`` (pending jobs of paused queues, from the stats) and ``PoolLoad.unserved``
+(pending jobs of kinds no live worker serves: a seam, 0 until the operator reads the worker
+registry) are counted in ``pending`` and never taken as demand.
 
 Times are floats in seconds on one clock of the caller's choice (``time.monotonic()`` suits an
 in-memory history); only differences between them matter.
@@ -164,6 +177,9 @@ MAX_PERIOD_SECONDS = 1800
 SPARE_UP = 0.75
 SPARE_TARGET = 1.25
 SPARE_DOWN = 2.5
+#: A scale-down also needs the pool too big for the arrival rate plus this many standard
+#: deviations of its estimate (the Poisson count of the arrivals it was averaged from).
+ESTIMATE_SIGMAS = 1.0
 #: The age target when ``maxOldestPendingAge`` is not set.
 DEFAULT_CLEAR_SECONDS = 60.0
 #: The share of the age target within which the newest queued job is planned to start (the
@@ -187,13 +203,14 @@ SERVICE_EVIDENCE = 2.0
 ENOUGH_FINISHED = 50
 #: A sample this many Poisson standard deviations above the arrival rate is a rise; a rise two
 #: ticks running, the second at least RISE_AGREE of the first, is a new rate, at most
-#: RISE_GROWTH times the first tick's.
+#: RISE_GROWTH times the first tick's. As many below it is a fall; two running, a new rate.
 RISE_SIGMAS = 3.0
 RISE_AGREE = 0.8
 RISE_GROWTH = 2.0
 #: Without ``behavior.scaleDown``: the stabilization window (the highest recommendation of
-#: these last seconds holds) ...
-DEFAULT_SCALE_DOWN_WINDOW_SECONDS = 120
+#: these last seconds holds): none, or this for a pool whose bursts are bridged (below) ...
+DEFAULT_SCALE_DOWN_WINDOW_SECONDS = 0
+BRIDGE_SCALE_DOWN_WINDOW_SECONDS = 120
 #: ... and how long a scale-up holds before any scale-down: a scale in the opposite direction
 #: within five minutes is a flap.
 HOLD_SECONDS = 300.0
@@ -372,7 +389,7 @@ class PoolLoad:
     #: ``paused``, which the runtime reports as False until queues can be paused: 0 today.)
     paused: int = 0
     #: Of ``pending``, jobs of kinds no live worker serves: no demand, a condition. (A seam:
-    #: the runtime has no worker registry yet, so this is always 0 today.)
+    #: the operator does not read the worker registry yet, so this is always 0 today.)
     unserved: int = 0
 
     def __post_init__(self) -> None:
@@ -457,6 +474,9 @@ class Sample:
     #: The arrival rate this tick saw when it was a significant rise over the average (a rise
     #: two ticks running is taken at once), else None.
     rise: float | None = None
+    #: The same for a significant fall below the average (a fall two ticks running is a new,
+    #: lower rate, taken at once), else None.
+    fall: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -660,6 +680,8 @@ def _observe(history: History, load: PoolLoad, now: float, per_replica: int) -> 
     rise = (
         arrived / span if arrived > expected + RISE_SIGMAS * math.sqrt(max(expected, 1.0)) else None
     )
+    floor = expected - RISE_SIGMAS * math.sqrt(max(expected, 1.0))
+    fall = arrived / span if rate is not None and arrived < floor else None
     # Risen two ticks running, the second no lower than most of the first: a new rate (the
     # first of the two straddled the change; two batches one after the other fall off). A
     # pool whose bursts come close together takes it only from two ticks that agree either
@@ -684,6 +706,12 @@ def _observe(history: History, load: PoolLoad, now: float, per_replica: int) -> 
         # A new rate, at once; both averages take it: a step is no trend.
         total = max(total, new_rate * seconds)
         slow = max(slow, new_rate * slow_seconds)
+    if fall is not None and last.fall is not None:
+        # Fallen two ticks running (the end of a spike, a step down): the second tick's rate,
+        # at once, in both averages -- read as a trend, a step down would extrapolate the
+        # rate to nothing for minutes and size the pool for no arrivals at all.
+        total = min(total, fall * seconds)
+        slow = min(slow, fall * slow_seconds)
     bursts = history.bursts
     if rise is not None and last.rise is None and load.demand > per_replica:
         bursts = (*bursts, now)[-BURST_MEMORY:]
@@ -692,7 +720,7 @@ def _observe(history: History, load: PoolLoad, now: float, per_replica: int) -> 
     done = history.finished * fade + finished
     return replace(
         history,
-        sample=replace(sample, rise=rise),
+        sample=replace(sample, rise=rise, fall=fall),
         arrived=total,
         arrival_span=seconds,
         arrived_slow=slow,
@@ -756,7 +784,13 @@ def _recommend(
     ready: int | None,
 ) -> tuple[int, Reason, str]:
     """The unstabilized recommendation (steps 2-5 of the module docstring)."""
-    if not _is_active(load, pool):
+    lull = (
+        current > 0
+        and history.last_active is not None
+        and now - history.last_active < pool.cooldown_seconds
+        and history.arrival_rate is not None
+    )
+    if not _is_active(load, pool) and not lull:
         return (
             0,
             Reason.IDLE,
@@ -802,11 +836,16 @@ def _recommend(
         slots = flow + drain
         work = max(slots, latency)
 
-        def need(spare: float) -> int:
+        def need(spare: float, extra: float = 0.0) -> int:
             # Square-root staffing: slots for the work plus `spare` of its Poisson noise.
-            return math.ceil(max(slots + spare * math.sqrt(slots), latency) / k - 1e-9)
+            more = slots + extra
+            return math.ceil(max(more + spare * math.sqrt(more), latency) / k - 1e-9)
 
-        up, target, down = need(SPARE_UP), need(SPARE_TARGET), need(SPARE_DOWN)
+        # The rate is an estimate from a minute or so of arrivals: a scale-in also needs the
+        # pool to be too big for the rate's upper bound (Poisson counts), not only for the rate.
+        error = math.sqrt(history.arrived) / history.arrival_span if history.arrival_span else 0.0
+        up, target = need(SPARE_UP), need(SPARE_TARGET)
+        down = need(SPARE_DOWN, ESTIMATE_SIGMAS * error * service)
         target = max(target, math.ceil(load.claimed / k))
         down = max(down, target)
         counted = (
@@ -915,7 +954,7 @@ def _decide_from_load(
             held_by = "a lower"
         else:
             reason = Reason.SCALE_DOWN_STABILIZED
-            window = _down_window(behavior)
+            window = _down_window(behavior, history)
             held_by = "a higher"
         message = (
             f"{message}; held at {stabilized} by {held_by} recommendation of the last {window}s"
@@ -991,9 +1030,17 @@ def _up_window(behavior: Behavior) -> int:
     return rules.stabilization_window_seconds if rules is not None else 0
 
 
-def _down_window(behavior: Behavior) -> int:
+def _bridging(history: History) -> bool:
+    """Whether the pool's bursts come close enough together for its replicas to bridge them."""
+    gap = history.burst_gap
+    return gap is not None and gap < BRIDGE_SECONDS
+
+
+def _down_window(behavior: Behavior, history: History) -> int:
     rules = behavior.scale_down
     if rules is None:
+        if _bridging(history):
+            return BRIDGE_SCALE_DOWN_WINDOW_SECONDS
         return DEFAULT_SCALE_DOWN_WINDOW_SECONDS
     return rules.stabilization_window_seconds
 
@@ -1001,7 +1048,7 @@ def _down_window(behavior: Behavior) -> int:
 def _stabilize(raw: int, current: int, history: History, behavior: Behavior, now: float) -> int:
     """The HPA's ``stabilizeRecommendationWithBehaviors``: clamp ``current`` into the windows."""
     up_cutoff = now - _up_window(behavior)
-    down_cutoff = now - _down_window(behavior)
+    down_cutoff = now - _down_window(behavior, history)
     up_recommendation = raw
     down_recommendation = raw
     for rec in history.recommendations:
@@ -1104,7 +1151,9 @@ def _scale_down_limit(current: int, history: History, rules: ScalingRules, now: 
 
 def _record_recommendation(history: History, behavior: Behavior, now: float, raw: int) -> History:
     """Append this tick's recommendation and drop those no window can see any more."""
-    window = max(_up_window(behavior), _down_window(behavior))
+    # Without the user's scaleDown the window depends on the bursts: keep what the longer needs.
+    longest = BRIDGE_SCALE_DOWN_WINDOW_SECONDS if behavior.scale_down is None else 0
+    window = max(_up_window(behavior), _down_window(behavior, history), longest)
     cutoff = now - window
     kept = tuple(rec for rec in history.recommendations if rec.at > cutoff)
     return replace(history, recommendations=(*kept, Recommendation(at=now, replicas=raw)))

@@ -61,6 +61,9 @@ class TickResult:
     stats: Stats | None
     scaled: dict[str, tuple[int, int]]
     """Pools scaled this tick: deployment -> (from, to)."""
+    spared: bool = False
+    """Whether a pool's scale-in was held back by its busy pods (the next tick comes sooner:
+    ``cadence.next_wait``)."""
 
 
 class Reconciler:
@@ -310,7 +313,8 @@ class Reconciler:
             ),
         )
         conds = _conditions(spec, db_problem, pool_problems, decisions)
-        return TickResult(status=finish(conds, body), stats=stats, scaled=scaled)
+        spared = any(d.reason is policy.Reason.BUSY_PODS_SPARED for d in decisions)
+        return TickResult(status=finish(conds, body), stats=stats, scaled=scaled, spared=spared)
 
     async def _scale_pool(
         self,

@@ -14,7 +14,7 @@ from bench.autoscale.model import DRAINING, Cluster, Placement, WorkerSpec
 from bench.autoscale.policies import Clairvoyant, Static, VenturiOperator
 from bench.autoscale.run import one
 from bench.autoscale.traces import Insert, Trace, constant, step
-from bench.autoscale.variants import fewer_on
+from bench.autoscale.variants import fewer_on, shorted, shorted_eighths
 
 WORKER = WorkerSpec()
 
@@ -256,6 +256,18 @@ def test_the_step_bound_runs_each_plateau_at_its_fewest_stable_count() -> None:
     fewer, _ = autoscaler(fewer_on(3), load, 1)
     assert isinstance(fewer, Clairvoyant)
     assert [fewer.replicas_at(t) for t in (3000.0, 5000.0)] == [5, 27]
+    # Plateau 2 (900 s to 2700 s) one pod short for its first half only.
+    half, _ = autoscaler(fewer_on(1, 4), load, 1)
+    assert isinstance(half, Clairvoyant)
+    assert [half.replicas_at(t) for t in (100.0, 1000.0, 1799.0, 1801.0, 5000.0)] == [
+        2,
+        18,
+        18,
+        19,
+        28,
+    ]
+    assert shorted_eighths(shorted([0, 4, 0, 2, 8])) == (0, 4, 0, 2, 8)
+    assert shorted_eighths("clairvoyant") is None
 
 
 # --- venturi's operator, driven like the reconcile loop ------------------------------------

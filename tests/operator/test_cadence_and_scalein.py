@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from venturi_operator.cadence import BURST_WAKE_SECONDS, wake_at
+from venturi_operator.cadence import BURST_WAKE_SECONDS, SPARED_RETRY_SECONDS, next_wait, wake_at
 from venturi_operator.scalein import busy_pods, deletion_costs, stale_costs
 
 
@@ -18,6 +18,13 @@ def test_a_running_pool_wakes_at_most_once_per_burst_gap() -> None:
 
 def test_before_the_first_tick_nothing_wakes() -> None:
     assert wake_at(decided=None, last_tick=None, now=5.0) is None
+
+
+def test_a_scale_in_held_back_by_busy_pods_looks_again_soon() -> None:
+    assert next_wait(15.0, spared=False) == 15.0
+    assert next_wait(15.0, spared=True) == SPARED_RETRY_SECONDS < 15.0
+    # Never later than the interval the user asked for.
+    assert next_wait(1.0, spared=True) == 1.0
 
 
 def test_costs_are_the_jobs_each_pod_holds_and_idle_pods_cost_nothing() -> None:

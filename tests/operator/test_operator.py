@@ -36,7 +36,7 @@ from venturi_operator.databases import Databases
 from venturi_operator.handlers import build_registry
 from venturi_operator.kube import SCALE_ANNOTATION, Kube
 from venturi_operator.metrics import OperatorMetrics
-from venturi_operator.reconcile import Reconciler
+from venturi_operator.reconcile import Reconciler, TickResult
 
 kube = pytest.fixture(kube_fixture, name="kube")
 
@@ -801,6 +801,49 @@ async def test_a_scale_in_marks_idle_pods_and_spares_busy_ones(
         )
         assert "2 pods hold jobs" in jq["status"]["pools"][0]["message"]
         assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 2
+
+
+async def test_a_scale_in_held_back_by_busy_pods_looks_again_within_seconds(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    """Two pods hold jobs and the load wants one replica: held at two (BusyPodsSpared). When
+    one pod's job goes, the scale-in follows at the next tick, which comes within seconds
+    (cadence.next_wait), not after the JobQueue's interval of five minutes -- nothing else
+    (no NOTIFY, no spec change) wakes the loop here."""
+    await Queue(store).enqueue_many(Mail() for _ in range(2))
+    await claim_for(store, "mailer-a", 1)
+    await claim_for(store, "mailer-b", 1)
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=2)
+    for pod in ("mailer-a", "mailer-b"):
+        kube.pod(NS, pod, labels={"app": "mailer"})
+    kube.jobqueue(NS, "mail", spec(store.prefix) | {"interval": 300})
+
+    async with operator(kube) as reconciler:
+        # Two ticks in a row that held the scale-in back: the first may be one the JobQueue's
+        # appearance or its own status patch woke at once; the second comes this soon only
+        # because the wait after a held-back scale-in is short.
+        held = asyncio.Event()
+        spared: list[bool] = []
+        tick = reconciler.tick
+
+        async def counted(*args: Any, **kwargs: Any) -> TickResult:
+            result = await tick(*args, **kwargs)
+            spared.append(result.spared)
+            if spared[-2:] == [True, True]:
+                held.set()
+            return result
+
+        reconciler.tick = counted  # type: ignore[method-assign]
+        await asyncio.wait_for(held.wait(), TIMEOUT)
+        assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 2
+        await store._pool.execute(f"DELETE FROM {store.prefix}_jobs WHERE claimed_pod = 'mailer-b'")
+        await replicas_become(kube, "mailer", 1)
+        costs = {
+            p: kube.get(PODS, NS, p)["metadata"]["annotations"].get(COST)
+            for p in ("mailer-a", "mailer-b")
+        }
+        assert costs == {"mailer-a": "1", "mailer-b": "0"}
 
 
 async def test_scales_through_pgbouncer_in_transaction_mode(

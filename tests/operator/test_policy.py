@@ -886,6 +886,91 @@ def test_capacity_recommendation_with_hysteresis(
     assert (decision.recommendation, decision.reason) == (replicas, reason)
 
 
+def test_a_fall_two_ticks_running_is_a_new_rate_not_a_trend() -> None:
+    """40 jobs/s, then 2 (a spike's end): one tick below the average is noise to wait out;
+    two are the new rate, in both averages -- no trend that would extrapolate it to 0."""
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(40.0, 9.0, spec=spec, current=50)
+    # 30 arrivals per 15 s tick: claimed drops by 60 while 90 finish.
+    first = decide(
+        PoolLoad(pending=0, claimed=300, finished=finished + 90), spec, history, now, current=50
+    ).history
+    assert first.arrival_rate is not None and first.arrival_rate > 20.0
+    second = decide(
+        PoolLoad(pending=0, claimed=240, finished=finished + 180),
+        spec,
+        first,
+        now + 15,
+        current=50,
+    ).history
+    assert second.arrival_rate == pytest.approx(2.0, rel=0.01)
+    assert second.arrival_trend == pytest.approx(0.0, abs=1e-9)
+
+
+def test_a_lull_within_the_cooldown_keeps_the_replicas_the_rate_needs() -> None:
+    """2 jobs/s of 9 s at 3 replicas, then a tick that finds nothing pending or claimed (a
+    moment between jobs): the rate still needs 3, so 3 they stay -- the pool is not sized
+    for no work until it has been idle for cooldownSeconds."""
+    spec = pool(target_per_replica=8, cooldown_seconds=300, behavior=Behavior())
+    history, now, finished = steady(2.0, 9.0, spec=spec, current=3)
+    lull = decide(
+        PoolLoad(pending=0, claimed=0, finished=finished + 48),
+        spec,
+        replace(history, recommendations=()),
+        now,
+        current=3,
+    )
+    assert (lull.replicas, lull.recommendation) == (3, 3)
+    # Idle for the cooldown: to zero, step by step (the last replica by cooldownSeconds).
+    replicas, history, total = 3, lull.history, finished + 48
+    for tick in range(1, 40):
+        decision = decide(
+            PoolLoad(pending=0, claimed=0, finished=total),
+            spec,
+            history,
+            now + 15 * tick,
+            current=replicas,
+        )
+        replicas, history = decision.replicas, decision.history
+    assert replicas == 0
+
+
+@pytest.mark.parametrize(("bridged", "replicas"), [(False, 13), (True, 16)])
+def test_a_scale_down_window_only_for_a_pool_that_bridges_its_bursts(
+    bridged: bool, replicas: int
+) -> None:
+    """Without behavior.scaleDown a pool whose load fell goes down at once (the band is its
+    hysteresis); a pool whose bursts come less than 600 s apart keeps the highest
+    recommendation of the last 120 s (a burst's tail)."""
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(10.0, 9.0, spec=spec, current=16)
+    bursts = (now - 1300.0, now - 1000.0, now - 700.0) if bridged else ()
+    history = replace(
+        history, recommendations=(Recommendation(at=now - 60, replicas=20),), bursts=bursts
+    )
+    decision = decide(
+        PoolLoad(pending=0, claimed=90, finished=finished + 150), spec, history, now, current=16
+    )
+    assert decision.replicas == replicas
+
+
+def test_a_scale_in_needs_the_pool_too_big_for_the_rates_upper_bound() -> None:
+    """0.35 jobs/s of 9 s (3 busy slots) at 2 replicas: 3.15 + 2.5 sd of its noise fits one
+    replica, but the rate is a minute's count of about 21 arrivals, one standard deviation of
+    which (0.08 jobs/s, 0.7 slots) takes it past one: the pool keeps its 2."""
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(0.35, 9.0, spec=spec, current=2)
+    decision = decide(
+        PoolLoad(pending=0, claimed=3, finished=finished + 5),
+        spec,
+        replace(history, recommendations=()),
+        now,
+        current=2,
+    )
+    assert 3.15 + 2.5 * math.sqrt(3.15) < 8
+    assert decision.replicas == 2
+
+
 def test_a_backlog_starts_within_three_quarters_of_the_age_target_after_start_up() -> None:
     """520 pending jobs of 9 s at 13 ready replicas (104 slots, 90 of them the flow's): 473
     still queued when a replica asked for now is up (30 s of start-up: the 14 slots beyond the
