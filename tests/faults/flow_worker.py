@@ -17,6 +17,7 @@ import asyncio
 import logging
 import signal
 import sys
+import time
 from dataclasses import dataclass
 
 from venturi import Context, Outcome, PostgresStore, Task, Worker
@@ -57,6 +58,24 @@ async def limited(task: Limited, ctx: Context[None], app: Records) -> Outcome:
     return Outcome.completed()
 
 
+class TakeRecordingStore(PostgresStore):
+    """The store, recording each start the rate limit grants with the window the database
+    counted it in. The take's reply says how long until that window ends (`reopens_in_s`);
+    added to the time the reply came, that is the window's end plus the reply's delay (less
+    than a window), and windows end at multiples of their length on the database's clock,
+    which this host shares. A handler's own start record cannot place a start at a window's
+    edge: it is written a moment after the take, and on a loaded machine that moment can
+    fall in the next window."""
+
+    records: Records | None = None
+
+    async def rate_take(self, key: str, max_starts: int, per_s: float) -> tuple[bool, float]:
+        taken, reopens_in_s = await super().rate_take(key, max_starts, per_s)
+        if taken and self.records is not None:
+            self.records.took(time.time() + reopens_in_s)
+        return taken, reopens_in_s
+
+
 async def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tests.faults.flow_worker")
     parser.add_argument("--dsn", required=True)
@@ -72,13 +91,13 @@ async def main(argv: list[str]) -> int:
 
     shutdown = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, shutdown.set)
-    store = await PostgresStore.connect(
+    store = await TakeRecordingStore.connect(
         args.dsn, prefix=args.prefix, max_size=args.concurrency + 4, connect_timeout=3
     )
+    assert isinstance(store, TakeRecordingStore)
+    records = store.records = Records(args.runs_dir)
     try:
-        worker = Worker(
-            Records(args.runs_dir), store, concurrency=args.concurrency, lease=args.lease
-        )
+        worker = Worker(records, store, concurrency=args.concurrency, lease=args.lease)
         overlap = [without_overlapping(lambda t: t.key, release_after=args.release_after)]
         rate = [rate_limited("api", args.rate_max, args.rate_per)]
         worker.register(Exclusive, exclusive, middleware=[] if args.no_flow else overlap)

@@ -95,6 +95,10 @@ class Records:
     def ended(self, ctx: Context[Any], how: str) -> None:
         self._write(f"E {ctx.job_id.to_uuid()} {ctx.run_count} {time.time():.6f} {how}")
 
+    def took(self, window_ends: float) -> None:
+        """A start the rate limit granted, with when its window ends (see flow_worker)."""
+        self._write(f"T {window_ends:.6f}")
+
     def _write(self, line: str) -> None:
         os.write(self._fd, f"{line}\n".encode())
 
