@@ -60,6 +60,7 @@ class Batch:
 
     def add(self, *tasks: Task[Any]) -> Batch:
         """Add members (tasks; each in its own KIND's queue unless `Queue.batch(queue=)`)."""
+        self._check_open()
         for task in tasks:
             _check_task(task, "add")
         self.members.extend(tasks)
@@ -80,6 +81,7 @@ class Batch:
     def allow_failures(self, allow: bool = True) -> Batch:
         """Keep running the other members after one fails for good (`catch` still runs at
         the first failure, and `then` only if none failed)."""
+        self._check_open()
         self.failures_allowed = bool(allow)
         return self
 
@@ -88,12 +90,19 @@ class Batch:
         caller's, so the batch exists only if it commits); returns the batch's id. A batch
         is enqueued once; a batch without members finishes at once (`then` and `finally`
         are released)."""
-        if self._enqueued is not None:
-            raise RuntimeError(f"batch {self.name!r} was enqueued already, as {self._enqueued}")
+        self._check_open()
         self._enqueued = await self._submit(self, conn)
         return self._enqueued
 
+    def _check_open(self) -> None:
+        if self._enqueued is not None:
+            raise RuntimeError(
+                f"batch {self.name!r} was enqueued already, as {self._enqueued}: start a new "
+                "one with Queue.batch"
+            )
+
     def _callback(self, which: Callback, task: Task[Any]) -> Batch:
+        self._check_open()
         _check_task(task, which if which != "finally" else "finally_")
         if which in self.callbacks:
             raise ValueError(f"batch {self.name!r}: {which} is set already (one task each)")

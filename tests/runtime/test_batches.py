@@ -333,6 +333,8 @@ async def test_bad_batches_are_refused_with_nothing_stored(queue: Queue) -> None
     await batch.enqueue()
     with pytest.raises(RuntimeError, match="enqueued already"):
         await batch.enqueue()
+    with pytest.raises(RuntimeError, match="enqueued already"):
+        batch.add(Part("late"))  # would be silently left out
     assert len(await queue.jobs()) == 1
     assert len(await queue.recent_batches(10)) == 1
 
