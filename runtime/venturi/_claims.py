@@ -17,13 +17,12 @@ from collections.abc import Mapping, Sequence
 
 PREFETCH_MAX_FACTOR = 8
 """Most jobs held ahead of free slots, as a multiple of concurrency (short jobs only)."""
-PREFETCH_MAX_FLOOR = 16
+PREFETCH_MAX_FLOOR = 64
 """... but never a cap below this many: with few slots and very short jobs, the claim round
-trips are the limit (at concurrency 1, no-op jobs drained about 4,200/s with 8 held ahead
-and 5,800/s with 16, in-process, fsync on). Not more for now: the jobs of one claim start in
-claim order (higher tiers first), so a deeper buffer puts the lower-tier jobs a claim
-reserves (see `plan_slots`) further behind the higher ones claimed with them (32: 9,700/s,
-but LOW's share of the first runs under a HIGH flood fell from 1 in 4 to 1 in 5)."""
+trips are the limit (at concurrency 1, no-op jobs drained about 4,200/s with 8 held ahead,
+5,800-6,500/s with 16 and 9,000-10,800/s with 64, in-process, fsync on). The claim spreads
+the lower-tier jobs its tier reservations picked through its rows (claim_v4), so a deep
+buffer keeps their share in every stretch of runs."""
 
 
 def prefetch_depth(concurrency: int, handler_s: float | None, claim_s: float | None) -> int:

@@ -117,3 +117,30 @@ async def test_history_listing_and_cleanup(queue: Queue) -> None:
     assert await queue.cleanup(CleanupCriteria(finished_before=future)) == 5
     remaining = await queue.jobs()
     assert [j.id for j in remaining] == [later]  # pending jobs are never deleted
+
+
+@dataclass
+class Numbered(Task):
+    KIND = "numbered"
+    n: int
+
+
+async def test_one_tier_runs_first_in_first_out_with_reservations(queue: Queue) -> None:
+    """The claim spreads the jobs its reservations picked from below its top tier; jobs of
+    one tier are picked by reservations too, and must keep their order."""
+    await queue.enqueue_many(Numbered(i) for i in range(150))
+    ran: list[int] = []
+
+    async def handle(task: Numbered, ctx: Context[None], app: None) -> Outcome:
+        ran.append(task.n)
+        return Outcome.completed()
+
+    worker = Worker(None, queue.store, concurrency=1, priority_ratio=4)
+    worker.register(Numbered, handle)
+    async with running(worker):
+
+        async def done() -> bool:
+            return len(ran) == 150
+
+        await until(done)
+    assert ran == list(range(150))

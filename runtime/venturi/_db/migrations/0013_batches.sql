@@ -243,7 +243,8 @@ BEGIN
             LIMIT n - taken - (SELECT count(*) FROM p0) - (SELECT count(*) FROM p1)
             FOR UPDATE SKIP LOCKED
         ), picked AS (
-            SELECT id FROM p0 UNION ALL SELECT id FROM p1 UNION ALL SELECT id FROM p2
+            SELECT id, true AS reserved FROM p0 UNION ALL SELECT id, true FROM p1
+            UNION ALL SELECT id, false FROM p2
         ), claimed AS (
             UPDATE {prefix}_jobs AS j SET
                 status = 'claimed',
@@ -268,7 +269,11 @@ BEGIN
             FROM claimed AS c
             HAVING count(*) > 0 AND (held_lease_s IS NULL OR min(c.lease_s) < held_lease_s)
         )
-        -- In claim order: a worker that holds some jobs back (prefetch) starts them in order.
+        -- In claim order, which a worker that holds jobs back (prefetch) starts them in: the
+        -- jobs the tier reservations picked from below the claim's top tier are spread evenly
+        -- among the others (not all after them), so a deep prefetch keeps the reserved share
+        -- in every stretch of runs. Everything else is in priority, then FIFO order, as is
+        -- everything without reservations (strict priority) or of one tier.
         SELECT c.id, c.kind, c.queue, c.payload::text, c.carry::text, c.run_count, c.failures,
                c.claim_token, c.lease_s, c.backoff_base_s, c.backoff_cap_s,
                extract(epoch FROM now() - c.run_at)::float8,
@@ -281,9 +286,13 @@ BEGIN
                            'worker', h.worker) ORDER BY h.id)
                 FROM {prefix}_journal AS h WHERE h.job_id = c.id)::text END,
                c.max_attempts, c.timeout_s, c.batch_id
-        FROM claimed AS c
+        FROM claimed AS c JOIN picked AS p ON p.id = c.id,
+             LATERAL (SELECT p.reserved AND c.priority < (SELECT max(priority) FROM claimed)
+                      AS lower) AS r
         WHERE (SELECT count(*) FROM announced) >= 0  -- always true: makes the CTE run
-        ORDER BY c.priority DESC, c.run_at, c.id;
+        WINDOW spread AS (PARTITION BY r.lower ORDER BY c.priority DESC, c.run_at, c.id)
+        ORDER BY (row_number() OVER spread - 0.5) / count(*) OVER (PARTITION BY r.lower),
+                 r.lower, c.priority DESC, c.run_at, c.id;
         GET DIAGNOSTICS got = ROW_COUNT;
         taken := taken + got;
     END LOOP;
