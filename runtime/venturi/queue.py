@@ -364,11 +364,9 @@ class Queue:
         if contexts is not None:
             for job, context in zip(jobs, contexts, strict=True):
                 job.trace_context = context
-        plain = [j for j in jobs if j.dedup_key is None and j.unique_key is None]
-        await store.insert(NewJobs.of(plain))
-        if self.hooks.active:
-            for j in plain:
-                self.hooks.enqueued(Enqueued(j.id, j.kind, j.queue))
+        plain = NewJobs.of([j for j in jobs if j.dedup_key is None and j.unique_key is None])
+        await store.insert(plain)
+        self._enqueued(plain)
         ids = []
         for task, job in zip(tasks, jobs, strict=True):
             if job.dedup_key is None and job.unique_key is None:
@@ -431,10 +429,9 @@ class Queue:
                     f"chain: {type(task).__qualname__} has a dedup key or a unique id; a "
                     "chain's links cannot merge into other jobs"
                 )
-        await self._store_for(conn, False).insert_chain(NewJobs.of(jobs))
-        if self.hooks.active:
-            for j in jobs:
-                self.hooks.enqueued(Enqueued(j.id, j.kind, j.queue))
+        links = NewJobs.of(jobs)
+        await self._store_for(conn, False).insert_chain(links)
+        self._enqueued(links)
         return [j.id for j in jobs]
 
     def batch(
@@ -503,8 +500,8 @@ class Queue:
         seen, for the page after it."""
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 1000:
             raise ValueError(f"recent_batches(n): expected an int in 1..1000, got {n!r}")
-        after = None if before is None else _batch_key(before)
-        return await self.store.batches.recent(n, after)
+        older_than = None if before is None else _batch_key(before)
+        return await self.store.batches.recent(n, older_than)
 
     async def cancel_batch(self, batch_id: ULID | str) -> int:
         """Cancel the batch: its members not started yet (pending, retries waiting for their
