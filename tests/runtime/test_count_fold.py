@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import json
 from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
 
 from venturi import Context, Outcome, PostgresStore, Queue, Stats, Worker
+from venturi._db import sql
 from venturi._records import Settlement
 
 from .helpers import running, until
@@ -211,3 +213,101 @@ async def test_the_leader_folds_the_counters(store: PostgresStore) -> None:
     async with running(worker):
         await until(folded)
     assert (await queue.stats()).pending == 2
+
+
+async def last_hour_direct(store: PostgresStore) -> dict[tuple[str, str], tuple[int, int]]:
+    """Done and failed per (queue, kind) over the minutes that began in the last hour,
+    summed from the per-minute rows (what stats() reported before the leader's sums)."""
+    rows = await store._pool.fetch(
+        f"SELECT queue, kind, sum(done)::bigint, sum(failed)::bigint "
+        f"FROM {store.prefix}_minute_counts WHERE minute > now() - interval '1 hour' "
+        "GROUP BY 1, 2"
+    )
+    return {(r[0], r[1]): (r[2], r[3]) for r in rows if r[2] or r[3]}
+
+
+def last_hour_of(stats: Stats) -> dict[tuple[str, str], tuple[int, int]]:
+    return {
+        (name, kind): (
+            q.done_last_hour_by_kind.get(kind, 0),
+            q.failed_last_hour_by_kind.get(kind, 0),
+        )
+        for name, q in stats.queues.items()
+        for kind in q.done_last_hour_by_kind.keys() | q.failed_last_hour_by_kind.keys()
+    }
+
+
+async def add_minutes(store: PostgresStore, ago: range, slots: int, kind: str = "mixed") -> None:
+    await store._pool.execute(
+        f"INSERT INTO {store.prefix}_minute_counts (minute, queue, kind, slot, done, failed) "
+        "SELECT date_trunc('minute', now()) - make_interval(mins => m), q, $4, s, m + s + 1, "
+        "(m + s) % 3 FROM generate_series($1::int, $2::int) AS m, "
+        "generate_series(0, $3::int - 1) AS s, unnest(ARRAY['a', 'b']) AS q "
+        "ON CONFLICT (minute, queue, kind, slot) DO UPDATE "
+        "SET done = excluded.done + 1000",  # a write to a row there already
+        ago.start,
+        ago.stop - 1,
+        slots,
+        kind,
+    )
+
+
+async def test_the_last_hour_is_the_same_from_the_leaders_sums(store: PostgresStore) -> None:
+    queue = Queue(store)
+    # Two hours of minutes from four slots, the current minute and the last two too; none at
+    # the window's edge (55-65 minutes ago), so a minute passing during the test moves no
+    # row in or out of it.
+    await add_minutes(store, range(0, 56), 4)
+    await add_minutes(store, range(65, 120), 4)
+    await add_minutes(store, range(3, 40), 2, kind="other")
+    expected = await last_hour_direct(store)
+    assert expected and last_hour_of(await queue.stats()) == expected  # no sums yet: the minutes
+
+    await store.fold_counts()
+    marks = await store._pool.fetch(f"SELECT window_start, through FROM {store.prefix}_hour_marks")
+    assert len(marks) == 2
+    assert await store._pool.fetchval(f"SELECT count(*) FROM {store.prefix}_hour_counts") > 0
+    assert last_hour_of(await queue.stats()) == expected
+
+    # Writes after the sum: to the minutes it left to stats() (counted at once), and a late
+    # one to a minute it summed (counted from the next fold on).
+    await add_minutes(store, range(0, 2), 6)
+    await add_minutes(store, range(10, 11), 1)
+    expected = await last_hour_direct(store)
+    await store.fold_counts()
+    assert last_hour_of(await queue.stats()) == expected
+
+    # Sums of another window (a leader gone, or behind) are not used.
+    await store._pool.execute(
+        f"UPDATE {store.prefix}_hour_marks SET window_start = window_start - interval '5 minutes'"
+    )
+    await store._pool.execute(
+        f"UPDATE {store.prefix}_hour_counts SET window_start = window_start - interval '5 minutes'"
+    )
+    assert last_hour_of(await queue.stats()) == expected
+
+
+async def test_with_the_leaders_sums_stats_reads_only_the_minutes_after_them(
+    store: PostgresStore,
+) -> None:
+    await add_minutes(store, range(0, 120), 4)
+    await store.fold_counts()
+    text = sql.queries(store.prefix)["stats"].text
+    plan = json.loads(await store._pool.fetchval(f"EXPLAIN (ANALYZE, FORMAT JSON) {text}"))[0][
+        "Plan"
+    ]
+    scans = minute_scans(plan)
+    # The minutes after the sum's last (the current one and the two before it: 2 queues
+    # each), not the hour's 120 rows per queue.
+    assert scans and sum(rows for rows in scans) <= 2 * 3 * 4
+
+
+def minute_scans(plan: dict[str, Any]) -> list[int]:
+    """Rows read (returned plus filtered out) by every scan of the minute counts."""
+    found = []
+    if plan.get("Relation Name", "").endswith("_minute_counts"):
+        loops = plan.get("Actual Loops", 1)
+        found.append((plan.get("Actual Rows", 0) + plan.get("Rows Removed by Filter", 0)) * loops)
+    for child in plan.get("Plans", []):
+        found += minute_scans(child)
+    return found

@@ -25,20 +25,23 @@ WITH split AS (
     SELECT c.queue, c.kind, c.status, c.shard, c.n, c.run_at_max
     FROM {prefix}_counts AS c JOIN split USING (queue, kind, status)
     FOR UPDATE OF c SKIP LOCKED
-), folded AS (
-    SELECT queue, kind, status, min(shard) AS keep, sum(n) AS n,
-           max(run_at_max) AS run_at_max
-    FROM held GROUP BY queue, kind, status HAVING count(*) > 1
+), ranked AS (
+    -- Each held row with its group's sums and the shard kept (a window, not a join of
+    -- the held rows with their groups: those have no index, and would be a nested loop).
+    SELECT queue, kind, status, shard, count(*) OVER g AS rows, min(shard) OVER g AS keep,
+           sum(n) OVER g AS n, max(run_at_max) OVER g AS run_at_max
+    FROM held WINDOW g AS (PARTITION BY queue, kind, status)
 ), kept AS (
     -- The kept row is locked by this statement: nobody changed it since `held` read it.
-    UPDATE {prefix}_counts AS c SET n = f.n, run_at_max = f.run_at_max
-    FROM folded AS f
-    WHERE c.queue = f.queue AND c.kind = f.kind AND c.status = f.status AND c.shard = f.keep
+    UPDATE {prefix}_counts AS c SET n = r.n, run_at_max = r.run_at_max
+    FROM ranked AS r
+    WHERE r.rows > 1 AND r.shard = r.keep
+      AND c.queue = r.queue AND c.kind = r.kind AND c.status = r.status AND c.shard = r.shard
 ), dropped AS (
     DELETE FROM {prefix}_counts AS c
-    USING held AS h JOIN folded AS f USING (queue, kind, status)
-    WHERE c.queue = h.queue AND c.kind = h.kind AND c.status = h.status AND c.shard = h.shard
-      AND h.shard <> f.keep
+    USING ranked AS r
+    WHERE r.rows > 1 AND r.shard <> r.keep
+      AND c.queue = r.queue AND c.kind = r.kind AND c.status = r.status AND c.shard = r.shard
     RETURNING 1
 )
 SELECT count(*) AS folded FROM dropped;
@@ -55,18 +58,25 @@ WITH split AS (
     SELECT m.minute, m.queue, m.kind, m.slot, m.done, m.failed
     FROM {prefix}_minute_counts AS m JOIN split USING (minute, queue, kind)
     FOR UPDATE OF m SKIP LOCKED
-), folded AS (
-    SELECT minute, queue, kind, min(slot) AS keep, sum(done) AS done, sum(failed) AS failed
-    FROM held GROUP BY minute, queue, kind HAVING count(*) > 1
+), ranked AS (
+    SELECT minute, queue, kind, slot, count(*) OVER g AS rows, min(slot) OVER g AS keep,
+           sum(done) OVER g AS done, sum(failed) OVER g AS failed
+    FROM held WINDOW g AS (PARTITION BY minute, queue, kind)
 ), kept AS (
-    UPDATE {prefix}_minute_counts AS m SET done = f.done, failed = f.failed
-    FROM folded AS f
-    WHERE m.minute = f.minute AND m.queue = f.queue AND m.kind = f.kind AND m.slot = f.keep
+    UPDATE {prefix}_minute_counts AS m SET done = r.done, failed = r.failed
+    FROM ranked AS r
+    WHERE r.rows > 1 AND r.slot = r.keep
+      AND m.minute = r.minute AND m.queue = r.queue AND m.kind = r.kind AND m.slot = r.slot
 ), dropped AS (
     DELETE FROM {prefix}_minute_counts AS m
-    USING held AS h JOIN folded AS f USING (minute, queue, kind)
-    WHERE m.minute = h.minute AND m.queue = h.queue AND m.kind = h.kind AND m.slot = h.slot
-      AND h.slot <> f.keep
+    USING ranked AS r
+    WHERE r.rows > 1 AND r.slot <> r.keep
+      AND m.minute = r.minute AND m.queue = r.queue AND m.kind = r.kind AND m.slot = r.slot
     RETURNING 1
 )
 SELECT count(*) AS folded FROM dropped;
+
+-- hour_counts_refresh --
+-- Sum the ended minutes of the last hour's window and the next one, per queue and kind, for
+-- stats()'s done and failed in the last hour (migration 0016).
+SELECT {prefix}_hour_counts_refresh() AS summed;
