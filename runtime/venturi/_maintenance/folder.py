@@ -1,8 +1,10 @@
 """The counters' fold: every few seconds the leader adds the sharded counter rows (the live
 counts by queue, kind and status, and the per-minute counts of finished jobs) into one row
 per group, so that `stats()`, the dashboard and the operator read one row per group instead
-of one per backend that wrote it (`PostgresStore.fold_counts`). A maintenance service: the
-leader runs it, always (it changes no sum, only how many rows hold it)."""
+of one per backend that wrote it; then it sums the last hour's ended minutes per queue and
+kind, so that stats() reads those sums instead of the hour's rows (`PostgresStore.fold_counts`,
+queries/counts.sql, migration 0016). A maintenance service: the leader runs it, always (it
+changes no figure anyone reads, only how many rows hold it)."""
 
 from __future__ import annotations
 
