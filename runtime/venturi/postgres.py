@@ -1169,6 +1169,19 @@ class PostgresStore:
                 return total
 
     @_schema_required
+    async def fold_counts(self, minutes_since: datetime | None = None) -> int:
+        """Fold the sharded counter rows, the live counts' and the per-minute counts' (of
+        minutes from `minutes_since` on; None: all kept) into one row per group, skipping rows
+        a writer holds (see queries/counts.sql), then sum the last hour's ended minutes for
+        stats() (migration 0016); returns how many rows were folded away.
+        The leader runs it (`venturi._maintenance.folder`); each statement is its own short
+        transaction, and no sum anyone reads changes."""
+        folded: int = await self._run.fetchval(self._q["counts_fold"])
+        minutes: int = await self._run.fetchval(self._q["minute_counts_fold"], since=minutes_since)
+        await self._run.fetchval(self._q["hour_counts_refresh"])
+        return folded + minutes
+
+    @_schema_required
     async def sealed_after(
         self, after: uuid.UUID, current_key: str, limit: int
     ) -> list[asyncpg.Record]:

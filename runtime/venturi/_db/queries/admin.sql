@@ -48,18 +48,33 @@ SELECT count(*) AS deleted FROM deleted;
 -- with pending jobs, one index probe for the oldest eligible job and, only where the latest
 -- run_at written for a pending job (the counts' run_at_max) is still ahead, a range count of
 -- the scheduled ones (jobs waiting for a future run_at); as rows of the statuses
--- 'done_last_hour' and 'failed_last_hour', the per-minute counts of the minutes that began in
--- the last hour (a range of the minute counts' primary key); and a row of status 'paused' per
+-- 'done_last_hour' and 'failed_last_hour', the jobs finished in the minutes that began in
+-- the last hour (the leader's sum of most of them, and a range of the minute counts' primary
+-- key for the rest); and a row of status 'paused' per
 -- queue paused now (QueueStats.paused), so that stats() is one round trip.
 WITH totals AS (
     SELECT queue, kind, status, sum(n)::bigint AS n, max(run_at_max) AS run_at_max
     FROM {prefix}_counts
     WHERE status IN ('pending', 'claimed', 'dead', 'completed')
     GROUP BY queue, kind, status HAVING sum(n) > 0
+), mark AS (
+    -- The leader's sum of this window's minutes through `through`, if it took one (see
+    -- migration 0016); the window of the minutes that began in the last hour starts at:
+    SELECT through FROM {prefix}_hour_marks
+    WHERE window_start = date_trunc('minute', now() - interval '1 hour') + interval '1 minute'
 ), finished AS (
     SELECT queue, kind, sum(done)::bigint AS done, sum(failed)::bigint AS failed
-    FROM {prefix}_minute_counts
-    WHERE minute > now() - interval '1 hour'
+    FROM (
+        SELECT queue, kind, done, failed FROM {prefix}_hour_counts
+        WHERE window_start = date_trunc('minute', now() - interval '1 hour')
+                             + interval '1 minute'
+        UNION ALL
+        -- The minutes after the sum (all of the window's without one). The upper bound
+        -- holds every row; with it the planner sees a range, and scans the key for it.
+        SELECT queue, kind, done, failed FROM {prefix}_minute_counts
+        WHERE minute > greatest(now() - interval '1 hour', (SELECT through FROM mark))
+          AND minute < now() + interval '1 minute'
+    ) AS minutes
     GROUP BY queue, kind
 )
 SELECT t.queue, t.status, t.kind, t.n,

@@ -1,0 +1,82 @@
+-- The leader's fold of the sharded counters (`venturi._maintenance.folder`). Writers add to
+-- the counter row of their own backend's shard (so concurrent workers rarely wait on each
+-- other), and readers sum the shards: with many backends a (queue, kind, status) is kept in
+-- up to 16 rows, and a minute's finished jobs per (queue, kind) in up to 16 more, so stats()
+-- and the dashboard would add up to 16 times the rows they need. Each fold adds every group's
+-- rows into one of them and deletes the rest, in one statement: the sums are unchanged, and
+-- the next writer of a deleted shard simply inserts it again.
+--
+-- It never waits and never makes a writer wait long: only rows it could lock at once are
+-- folded (FOR UPDATE SKIP LOCKED; a row a writer holds stays, for the next fold), and it
+-- folds into a row it holds, so it inserts nothing a concurrent insert could conflict with.
+-- A writer that reaches a row the fold holds waits for this one statement.
+--
+-- Rows are found again by key, not by ctid: a row a writer changed (and committed) after this
+-- statement's snapshot is locked at its newest version, whose ctid the snapshot cannot see,
+-- while a search by key follows the row to that version (as the UPDATE does).
+
+-- counts_fold --
+-- Fold the counter rows of each (queue, kind, status) kept in more than one shard into the
+-- lowest shard among them; returns how many rows were folded away.
+WITH split AS (
+    SELECT queue, kind, status FROM {prefix}_counts
+    GROUP BY queue, kind, status HAVING count(*) > 1
+), held AS (
+    SELECT c.queue, c.kind, c.status, c.shard, c.n, c.run_at_max
+    FROM {prefix}_counts AS c JOIN split USING (queue, kind, status)
+    FOR UPDATE OF c SKIP LOCKED
+), ranked AS (
+    -- Each held row with its group's sums and the shard kept (a window, not a join of
+    -- the held rows with their groups: those have no index, and would be a nested loop).
+    SELECT queue, kind, status, shard, count(*) OVER g AS rows, min(shard) OVER g AS keep,
+           sum(n) OVER g AS n, max(run_at_max) OVER g AS run_at_max
+    FROM held WINDOW g AS (PARTITION BY queue, kind, status)
+), kept AS (
+    -- The kept row is locked by this statement: nobody changed it since `held` read it.
+    UPDATE {prefix}_counts AS c SET n = r.n, run_at_max = r.run_at_max
+    FROM ranked AS r
+    WHERE r.rows > 1 AND r.shard = r.keep
+      AND c.queue = r.queue AND c.kind = r.kind AND c.status = r.status AND c.shard = r.shard
+), dropped AS (
+    DELETE FROM {prefix}_counts AS c
+    USING ranked AS r
+    WHERE r.rows > 1 AND r.shard <> r.keep
+      AND c.queue = r.queue AND c.kind = r.kind AND c.status = r.status AND c.shard = r.shard
+    RETURNING 1
+)
+SELECT count(*) AS folded FROM dropped;
+
+-- minute_counts_fold --
+-- The same for the per-minute counts of minutes that have ended (the current one is where
+-- settles write; folding it would only churn its rows), from :since on (NULL: all kept).
+WITH split AS (
+    SELECT minute, queue, kind FROM {prefix}_minute_counts
+    WHERE minute < date_trunc('minute', now())
+      AND (:since::timestamptz IS NULL OR minute >= :since)
+    GROUP BY minute, queue, kind HAVING count(*) > 1
+), held AS (
+    SELECT m.minute, m.queue, m.kind, m.slot, m.done, m.failed
+    FROM {prefix}_minute_counts AS m JOIN split USING (minute, queue, kind)
+    FOR UPDATE OF m SKIP LOCKED
+), ranked AS (
+    SELECT minute, queue, kind, slot, count(*) OVER g AS rows, min(slot) OVER g AS keep,
+           sum(done) OVER g AS done, sum(failed) OVER g AS failed
+    FROM held WINDOW g AS (PARTITION BY minute, queue, kind)
+), kept AS (
+    UPDATE {prefix}_minute_counts AS m SET done = r.done, failed = r.failed
+    FROM ranked AS r
+    WHERE r.rows > 1 AND r.slot = r.keep
+      AND m.minute = r.minute AND m.queue = r.queue AND m.kind = r.kind AND m.slot = r.slot
+), dropped AS (
+    DELETE FROM {prefix}_minute_counts AS m
+    USING ranked AS r
+    WHERE r.rows > 1 AND r.slot <> r.keep
+      AND m.minute = r.minute AND m.queue = r.queue AND m.kind = r.kind AND m.slot = r.slot
+    RETURNING 1
+)
+SELECT count(*) AS folded FROM dropped;
+
+-- hour_counts_refresh --
+-- Sum the ended minutes of the last hour's window and the next one, per queue and kind, for
+-- stats()'s done and failed in the last hour (migration 0016).
+SELECT {prefix}_hour_counts_refresh() AS summed;
