@@ -16,6 +16,7 @@ from bench.autoscale.variants import (
     CLAIRVOYANT,
     CLAIRVOYANT_SPARED,
     EIGHTHS,
+    FENCED,
     LONG_HOLD,
     NO_RETRY,
     NO_SPARE,
@@ -284,7 +285,9 @@ def render(
         "interval after a scale-in that busy pods held back, as before, not 2 s); "
         f"*{SHORT_HOLD}* (no bridging of "
         f"frequent bursts); *{LONG_HOLD}* (bridging whatever the bursts); *{NO_TREND}* (the "
-        "arrival rate without its trend); and a *clairvoyant* that knows the trace's arrival "
+        f"arrival rate without its trend); *{FENCED}* (a proposed runtime change, not built: "
+        "the pods a scale-in would remove are fenced first, and claim nothing from then on; "
+        "see the scale-in race below); and a *clairvoyant* that knows the trace's arrival "
         "rate (the bounds below).",
         "",
     ]
@@ -536,6 +539,32 @@ def _bursty(
     ]
 
 
+def _fenced(runs: Sequence[RunLike], other_runs: Sequence[RunLike]) -> str:
+    """What the fenced scale-in changes, over every seed the run has it on."""
+    every = [*runs, *other_runs]
+    fenced = [r for r in every if r.policy == FENCED]
+    if not fenced:
+        return ""
+    seeds = sorted({r.seed for r in fenced})
+    both = {(r.trace, r.seed) for r in fenced}
+    plain = [r for r in every if r.policy == "venturi" and (r.trace, r.seed) in both]
+
+    def hurt(rs: Sequence[RunLike]) -> int:
+        return sum(r.metrics.rerun + r.metrics.killed for r in rs)
+
+    def cost(rs: Sequence[RunLike], trace: str) -> float:
+        values = [r.metrics.replica_seconds for r in rs if r.trace == trace]
+        return statistics.median(values) if values else 0.0
+
+    traces = sorted({r.trace for r in fenced})
+    costs = "; ".join(f"{t} {cost(fenced, t):,.0f} against {cost(plain, t):,.0f}" for t in traces)
+    return (
+        f"Over seeds {seeds[0]}-{seeds[-1]} and every trace: {hurt(fenced)} jobs interrupted "
+        f"by a scale-in with it, {hurt(plain)} without; replica-seconds (medians over those "
+        f"seeds), {costs}."
+    )
+
+
 def _ratio(summary: Medians, trace: str, policy: str) -> str:
     row = summary.get(trace, {})
     value = _get(summary, trace, policy, "replica_seconds")
@@ -695,12 +724,17 @@ def _analysis(
         "a real cluster the read, the patches and the kubelet's SIGTERM take longer than 50 "
         "ms, and it is likelier. No policy that scales in while jobs arrive, at random, to "
         "pods that may be removed, avoids it; workers that pack their claims (below) make it "
-        "rarer, a `shutdown_timeout` above the longest job removes it. What would close the "
-        "window is a fence in the database, not in Kubernetes: the operator records the pods "
-        "it means to remove, the claim refuses a job to a pod so recorded, and the operator "
-        "re-reads those pods' claims after recording them and scales in only by those that "
-        "hold none (a claim that raced the record is then seen, and its pod spared). That is "
-        "a new version of the claim function and a migration: not built.",
+        "rarer, a `shutdown_timeout` above the longest job removes it. What closes the window "
+        "is a fence in the database, not in Kubernetes: the operator records the pods it means "
+        "to remove, the claim refuses a job to a pod so recorded (the record and each claim "
+        "serialized per pod, e.g. by an advisory lock, so that a claim either commits before "
+        "the record or sees it), and the operator re-reads those pods' claims after recording "
+        "them and scales in only by those that hold none, given the lowest deletion cost (a "
+        "claim that raced the record is seen, and its pod spared; a record older than a few "
+        "seconds is ignored, so a crashed operator fences no pod for long). The simulator "
+        f"models it as *{FENCED}*: the record lands half-way through the tick's round trips. "
+        f"{_fenced(runs, other_runs)} It needs a new version of the claim function and a "
+        "migration: not built in the runtime.",
         "",
         "*Packed placement* is what a worker change would buy: the workers' claim after a "
         "NOTIFY waits in proportion to its free slots (for example 100 ms times the free "
