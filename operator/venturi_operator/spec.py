@@ -409,15 +409,15 @@ def pool_loads(
             name = pool.deployment
             waiting = q.pending_by_kind.get(kind, 0)
             pending[name] += waiting
-            idle = q.paused or (queue, kind) in unserved_pairs[name]
+            no_demand = q.paused or (queue, kind) in unserved_pairs[name]
             if q.paused:
                 paused[name] += waiting
-            elif idle:
+            elif no_demand:
                 unserved[name] += waiting
             claimed[name] += q.claimed_by_kind.get(kind, 0)
             finished[name] += q.completed_by_kind.get(kind, 0) + q.dead_by_kind.get(kind, 0)
             age = q.oldest_pending_age_by_kind.get(kind)
-            if age is not None and waiting > 0 and not idle:
+            if age is not None and waiting > 0 and not no_demand:
                 # Database time can be a hair ahead of a job's run_at; an age is never negative.
                 age = max(0.0, age)
                 current = oldest[name]
