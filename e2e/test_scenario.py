@@ -88,7 +88,14 @@ LONG_SECONDS = 30.0
 DEAD_SEEDED = 3  # e2e_fail jobs killed before the JobQueue exists
 DEAD_IN_BACKLOG = 2  # e2e_fail jobs in the backlog
 
-CONDITION_TYPES = {"Ready", "DatabaseReachable", "ScalingActive", "ScalingLimited", "Fallback"}
+CONDITION_TYPES = {
+    "Ready",
+    "DatabaseReachable",
+    "ScalingActive",
+    "ScalingLimited",
+    "Fallback",
+    "UnservedKinds",
+}
 REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 ALERTS = {
@@ -698,6 +705,7 @@ def test_06_backlog_scales_the_pool_up(kubectl: Kubectl, db: Db, state: State) -
         "ScalingActive": ("True", "Scaling"),
         "ScalingLimited": ("True", "TooManyReplicas"),  # 11 needed, maxReplicas 5
         "Fallback": ("False", "StatsAvailable"),
+        "UnservedKinds": ("False", "AllKindsServed"),  # no worker registered yet: none known
     }
     for type_, (want_status, want_reason) in expect.items():
         c = cond(status, type_)
@@ -893,6 +901,64 @@ def test_07_workers_drain_the_queue_and_the_pool_goes_to_zero(
     assert made == sum(int(e.get("count") or 1) for e in scaled) >= 3, (made, scaled)
     state.extra["scale_events"] = made
     print(f"drain: {len(samples)} samples, {len(busy)} with claimed jobs; timeline {timeline}")
+
+
+@dataclass
+class Unregistered(Task):
+    """A kind the JobQueue's pool is given, and its workers (e2e.app) have no task for."""
+
+    KIND = "e2e_unregistered"
+
+
+def test_07b_a_kind_the_pools_workers_do_not_register_is_a_condition_not_demand(
+    kubectl: Kubectl, db: Db, state: State
+) -> None:
+    """The pool is at zero. Its workers (the first one as one of its kwok pods) registered
+    e2e_sleep and e2e_fail; the JobQueue now gives the pool another kind, and a job of it
+    arrives. No worker of the pool would take it: the pool stays at zero (by what its workers
+    of this pod template registered), and the JobQueue says why -- the condition and the
+    pool's unservedKinds, read back from the real API server (its schema prunes a field it
+    does not declare)."""
+    assert state.scaled_to_zero is not None, "the drain did not run"
+    kinds = [*KINDS, Unregistered.KIND]
+    kubectl.apply(jobqueue(QUEUE, SECRET, DEPLOYMENT, kinds, queues=["default"]))
+    db.call(db.queue.enqueue(Unregistered()))
+    try:
+
+        def said() -> Object | None:
+            status = jq_status(kubectl, QUEUE)
+            c = condition({"status": status}, "UnservedKinds") or {}
+            return status if c.get("status") == "True" else None
+
+        status = wait_until("the JobQueue names the unserved job", said, timeout=10 * INTERVAL)
+        c = cond(status, "UnservedKinds")
+        assert c["reason"] == "KindsUnserved", c
+        prefix = f"pool {DEPLOYMENT}: pending {Unregistered.KIND} (queue default), which its"
+        assert c["message"].startswith(prefix), c
+        assert "when last seen" in c["message"], c
+        (pool,) = status["pools"]
+        assert pool["unservedKinds"] == [Unregistered.KIND], pool
+        assert pool["pending"] == 1, pool
+        warned = wait_until(
+            "a KindsUnserved Warning", lambda: events(kubectl, QUEUE, "KindsUnserved"), timeout=30
+        )
+        assert all(e["type"] == "Warning" for e in warned), warned
+        # Ticks go on (each rewrites lastDecisionTime, to the second) and none wakes the pool.
+        decided = {pool["lastDecisionTime"]}
+
+        def ticked_twice() -> bool:
+            (p,) = jq_status(kubectl, QUEUE)["pools"]
+            if p["desiredReplicas"] != 0 or replicas(kubectl) != 0:
+                raise Abort(f"the pool woke for a job none of its workers serves: {p}")
+            decided.add(p["lastDecisionTime"])
+            return len(decided) >= 3
+
+        wait_until("two more ticks", ticked_twice, timeout=10 * INTERVAL, interval=0.2)
+    finally:
+        db.call(
+            db.store._pool.execute(f"DELETE FROM {PREFIX}_jobs WHERE kind = $1", Unregistered.KIND)
+        )
+        kubectl.apply(jobqueue(QUEUE, SECRET, DEPLOYMENT, list(KINDS), queues=["default"]))
 
 
 # --------------------------------------------------------------------------- 8. monitoring

@@ -66,7 +66,7 @@ class WorkerSpec:
 
 
 class Pod:
-    __slots__ = ("cost", "created", "jobs", "name", "ready_at", "slot", "state", "uid")
+    __slots__ = ("cost", "created", "fenced", "jobs", "name", "ready_at", "slot", "state", "uid")
 
     def __init__(self, name: str, created: float, uid: int) -> None:
         self.name = name
@@ -79,6 +79,8 @@ class Pod:
         self.uid = uid
         #: Index in Cluster._avail, or -1.
         self.slot = -1
+        #: Fenced for a scale-in (a proposed mechanism, an ablation): it claims no job.
+        self.fenced = False
 
 
 class Autoscaler(Protocol):
@@ -256,11 +258,25 @@ class Cluster:
 
     def _fill(self, pod: Pod) -> None:
         """A ready pod takes waiting jobs into its free slots."""
+        if pod.fenced:
+            return
         while self.pending and len(pod.jobs) < self.worker.concurrency:
             self._claim(pod, self.pending.popleft())
         if len(pod.jobs) < self.worker.concurrency and pod.slot < 0:
             pod.slot = len(self._avail)
             self._avail.append(pod)
+
+    def fence(self, pod: Pod) -> None:
+        """From now on the pod claims no job (the claim refuses it: atomic with the record)."""
+        pod.fenced = True
+        self._unavail(pod)
+
+    def unfence(self, pod: Pod) -> None:
+        if not pod.fenced:
+            return
+        pod.fenced = False
+        if pod.state == READY:
+            self._fill(pod)
 
     def _unavail(self, pod: Pod) -> None:
         if pod.slot < 0:

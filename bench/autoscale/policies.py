@@ -12,6 +12,11 @@ is the daemon's in ``handlers.jobqueue``: a tick when the JobQueue appears, then
 ``interval`` after each tick ends (``cadence.next_wait``: a couple of seconds after a scale-in
 busy pods held back), or earlier when a NOTIFY wakes it (``cadence.wake_at``, from the
 replicas the last tick decided and when it ran).
+
+``fence=True`` (an ablation: a proposed runtime change, not built) closes the race between the
+read of the claims and the scale: the pods a scale-in would remove are fenced half-way through
+the tick's round trips (from then on they claim nothing, as if the claim refused them), those
+that claimed before the fence are spared, and the rest get the lowest deletion cost.
 """
 
 from __future__ import annotations
@@ -19,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from bench.autoscale.model import Cluster
+from bench.autoscale.model import READY, STARTING, Cluster
 from venturi import QueueStats, Stats
 from venturi_operator import cadence, policy, scalein
 from venturi_operator.spec import parse_spec, pool_loads
@@ -81,9 +86,12 @@ class VenturiOperator:
         name: str = "venturi",
         spare_busy_pods: bool = True,
         retry: bool = True,
+        fence: bool = False,
         overrides: Mapping[str, float] | None = None,
     ) -> None:
         self.name = name
+        #: An ablation only (a proposed runtime change): victims fenced before a scale-in.
+        self.fence = fence
         #: An ablation only: the interval after a scale-in busy pods held back, too.
         self.retry = retry
         #: Ablations only (the report's "what each rule costs"): pods' claims ignored, or
@@ -144,6 +152,9 @@ class VenturiOperator:
                 for k, v in saved.items():
                     setattr(policy, k, v)
 
+        if self.fence:
+            for pod in cluster.live_pods():
+                cluster.unfence(pod)  # each scale-in fences its own victims afresh
         decision = decide(None)
         costs: dict[str, int] = {}
         if decision.replicas < current and self.spare_busy_pods:
@@ -151,7 +162,9 @@ class VenturiOperator:
             costs = scalein.deletion_costs(pods, cluster.claimed_by_pod())
             decision = decide(scalein.busy_pods(costs))
         self.decisions.append((now, current, decision))
-        if decision.replicas != current:
+        if decision.replicas < current and self.fence:
+            self._fenced_scale_in(cluster, now, current, decision.replicas, costs)
+        elif decision.replicas != current:
             replicas = decision.replicas
 
             def apply() -> None:
@@ -165,6 +178,39 @@ class VenturiOperator:
         spared = self.retry and decision.reason is policy.Reason.BUSY_PODS_SPARED
         wait = cadence.next_wait(self.spec.interval, spared=spared)
         self._schedule(cluster, now + TICK_LATENCY_S + wait)
+
+    def _fenced_scale_in(
+        self, cluster: Cluster, now: float, current: int, replicas: int, costs: dict[str, int]
+    ) -> None:
+        """The proposed fence: the victims (starting pods first, as the ReplicaSet takes them,
+        then idle ready ones) are recorded half-way through the tick's round trips, and from
+        then claim nothing; a victim that claimed before the record is seen by the re-read
+        after it and spared; the fenced idle ones get the lowest deletion cost, and the
+        Deployment loses no more pods than they are."""
+        live = cluster.live_pods()
+        starting = [p for p in live if p.state == STARTING]
+        idle = sorted(
+            (p for p in live if p.state == READY and costs.get(p.name, 0) == 0),
+            key=cluster._deletion_rank,
+        )
+        victims = (starting + idle)[: current - replicas]
+
+        def record() -> None:
+            for pod in victims:
+                cluster.fence(pod)
+
+        def apply() -> None:
+            safe = [p for p in victims if p.fenced and not p.jobs and p.state in (STARTING, READY)]
+            for pod in victims:
+                if pod not in safe:
+                    cluster.unfence(pod)
+            for pod in cluster.live_pods():
+                pod.cost = -1 if pod in safe else costs.get(pod.name, pod.cost)
+            self.decided = max(replicas, current - len(safe))
+            cluster.scale(self.decided, by="venturi")
+
+        cluster.at(now + TICK_LATENCY_S / 2, record)
+        cluster.at(now + TICK_LATENCY_S, apply)
 
 
 class Static:

@@ -37,7 +37,9 @@ from bench.autoscale.traces import (
 from bench.autoscale.variants import (
     CLAIRVOYANT,
     EIGHTHS,
+    FENCED,
     HELD_OUT,
+    HELD_OUT_ABLATIONS,
     NO_RETRY,
     NO_SPARE,
     OVERRIDES,
@@ -100,6 +102,8 @@ def autoscaler(policy: str, trace: Trace, seed: int) -> tuple[Autoscaler, int]:
         return VenturiOperator(name=policy, spare_busy_pods=False), 0
     if policy == NO_RETRY:
         return VenturiOperator(name=policy, retry=False), 0
+    if policy == FENCED:
+        return VenturiOperator(name=policy, fence=True), 0
     if policy in OVERRIDES:
         return VenturiOperator(name=policy, overrides=OVERRIDES[policy]), 0
     if policy.startswith(CLAIRVOYANT):
@@ -280,6 +284,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     held_out: list[Run] = []
     if not args.quick and args.seeds is None:
         held_out = run_all(traces, HELD_OUT, duration, args.jobs, progress, ablations=False)
+        held_out += run_all(
+            traces, HELD_OUT, duration, args.jobs, progress, only=HELD_OUT_ABLATIONS
+        )
     elapsed = time.perf_counter() - started
     summary = medians(runs)
     held_out_summary = medians(held_out) if held_out else None

@@ -18,7 +18,12 @@ SHORT_HOLD = "venturi, 300 s hold only"
 LONG_HOLD = "venturi, 900 s hold always"
 NO_TREND = "venturi, no trend"
 NO_RETRY = "venturi, interval after a held-back scale-in"
-ABLATIONS = (NO_SPARE, PACKED, NO_RETRY, SHORT_HOLD, LONG_HOLD, NO_TREND)
+#: A proposed runtime change, not built: the claim refuses jobs to the pods a scale-in fenced.
+FENCED = "venturi, fenced scale-in"
+ABLATIONS = (NO_SPARE, PACKED, NO_RETRY, SHORT_HOLD, LONG_HOLD, NO_TREND, FENCED)
+#: The ablations repeated on the held-out seeds too (what they say about interruptions needs
+#: every seed).
+HELD_OUT_ABLATIONS = (FENCED,)
 #: Policy constants each ablation replaces while ``decide`` runs.
 OVERRIDES: dict[str, dict[str, float]] = {
     SHORT_HOLD: {"BRIDGE_SECONDS": 0.0},

@@ -21,7 +21,7 @@ import logging
 import re
 from collections.abc import Callable
 
-from venturi import PostgresStore, Queue, Stats
+from venturi import PostgresStore, Queue, Stats, WorkerInfo
 from venturi_operator.config import OperatorConfig
 from venturi_operator.dsn import ENCODING_HINT, the_database
 
@@ -106,6 +106,23 @@ class Databases:
             ) from None
         except Exception as exc:  # asyncpg raises many types; each means "no claims this tick"
             raise DatabaseError("QueryFailed", f"reading claims per pod failed: {exc}") from None
+
+    async def workers(self, dsn: str, prefix: str) -> list[WorkerInfo]:
+        """The worker registry's rows (live or not), bounded like `stats`."""
+        store = await self._store(dsn)
+        try:
+            return await asyncio.wait_for(
+                Queue(store.with_prefix(prefix)).workers(), self._config.statement_timeout + 1
+            )
+        except TimeoutError:
+            raise DatabaseError(
+                "QueryTimeout",
+                f"the worker registry took longer than {self._config.statement_timeout}s",
+            ) from None
+        except Exception as exc:  # asyncpg raises many types; each means "no registry this tick"
+            raise DatabaseError(
+                "QueryFailed", f"reading the worker registry failed ({_cause(exc)})"
+            ) from None
 
     async def _store(self, dsn: str) -> PostgresStore:
         store = self._stores.get(dsn)

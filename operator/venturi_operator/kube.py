@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import hashlib
+import json
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +47,9 @@ class DeploymentState:
     """The SCALE_ANNOTATION: the JobQueue the Deployment lets scale it, if any."""
     selector: str | None = None
     """spec.selector as a label selector string; None when it has matchExpressions."""
+    template: str | None = None
+    """A fingerprint of spec.template (what the pods run): it changes with a new release or
+    a `kubectl rollout restart`, not with a scale."""
 
 
 class Kube:
@@ -125,7 +130,15 @@ class Kube:
             ready=int(dep.status.ready_replicas or 0) if dep.status else 0,
             jobqueue=annotations.get(SCALE_ANNOTATION),
             selector=_selector(dep.spec.selector),
+            template=self._fingerprint(dep.spec.template),
         )
+
+    def _fingerprint(self, template: Any) -> str | None:
+        if template is None:
+            return None
+        plain = self.api.sanitize_for_serialization(template)  # type: ignore[no-untyped-call]
+        body = json.dumps(plain, sort_keys=True)
+        return hashlib.sha256(body.encode()).hexdigest()[:16]
 
     async def pods(self, namespace: str, selector: str) -> dict[str, str | None]:
         """The pods a selector matches that are neither terminating nor finished, each with

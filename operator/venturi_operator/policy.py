@@ -127,8 +127,9 @@ peak). The HPA-compatible ``behavior`` stays, as the user's explicit limits. In 
     The decision says ``fallback=True``. Bounds (step 1) still apply.
 
 ``PoolLoad.paused`` (pending jobs of paused queues, from the stats) and ``PoolLoad.unserved``
-(pending jobs of kinds no live worker serves: a seam, 0 until the operator reads the worker
-registry) are counted in ``pending`` and never taken as demand.
+(pending jobs of kinds the pool's workers do not serve, from the worker registry:
+``venturi_operator.serving``) are counted in ``pending`` and never taken as demand; unserved
+ones are no arrivals either (the pool is not sized for a flow it cannot take).
 
 Times are floats in seconds on one clock of the caller's choice (``time.monotonic()`` suits an
 in-memory history); only differences between them matter.
@@ -388,8 +389,8 @@ class PoolLoad:
     #: Of ``pending``, jobs in paused queues: no demand. (Read from the stats' per-queue
     #: ``paused``, which the runtime reports as False until queues can be paused: 0 today.)
     paused: int = 0
-    #: Of ``pending``, jobs of kinds no live worker serves: no demand, a condition. (A seam:
-    #: the operator does not read the worker registry yet, so this is always 0 today.)
+    #: Of ``pending``, jobs of kinds the pool's live workers do not serve (the worker
+    #: registry, ``venturi_operator.serving``): no demand, a condition.
     unserved: int = 0
 
     def __post_init__(self) -> None:
@@ -663,8 +664,13 @@ def _observe(history: History, load: PoolLoad, now: float, per_replica: int) -> 
     """Difference this tick's counts against the last tick's: arrivals, completions, busy."""
     if load.finished is None:
         return history
+    # Jobs no worker of the pool serves arrive for no one: they are no part of its flow (and
+    # when a worker that serves them comes, they appear at once, as a backlog: a burst).
     sample = Sample(
-        at=now, finished=load.finished, outstanding=load.outstanding, claimed=load.claimed
+        at=now,
+        finished=load.finished,
+        outstanding=load.outstanding - load.unserved,
+        claimed=load.claimed,
     )
     last = history.sample
     if last is None or now <= last.at:
@@ -673,7 +679,7 @@ def _observe(history: History, load: PoolLoad, now: float, per_replica: int) -> 
     finished = load.finished - last.finished
     if finished < 0:
         return replace(history, sample=sample)  # a cleanup deleted finished jobs: no sample
-    arrived = max(0, load.outstanding - last.outstanding + finished)
+    arrived = max(0, sample.outstanding - last.outstanding + finished)
     fade = math.exp(-span / RATE_SECONDS)
     rate = history.arrival_rate
     expected = (rate or 0.0) * span

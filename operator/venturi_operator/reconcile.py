@@ -11,18 +11,25 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from venturi import Stats
-from venturi_operator import cadence, policy, scalein, status
+from venturi import Stats, WorkerInfo
+from venturi_operator import cadence, policy, scalein, serving, status
 from venturi_operator.config import DEFAULT_MAX_REPLICAS
 from venturi_operator.databases import DatabaseError, Databases
-from venturi_operator.kube import SCALE_ANNOTATION, Kube, KubeError
+from venturi_operator.kube import SCALE_ANNOTATION, DeploymentState, Kube, KubeError
 from venturi_operator.metrics import OperatorMetrics, PoolSnapshot, Snapshot
-from venturi_operator.spec import JobQueueSpec, PoolSpec, SpecError, parse_spec, pool_loads
+from venturi_operator.spec import (
+    JobQueueSpec,
+    PoolSpec,
+    SpecError,
+    parse_spec,
+    pool_loads,
+    unserved_by_pool,
+)
 from venturi_operator.spec import unserved_kinds as find_unserved
 
 logger = logging.getLogger(__name__)
@@ -53,6 +60,10 @@ class _Memory:
     spec: JobQueueSpec | None = None
     problem: str | None = None
     """The reason the last tick was not Ready (Warnings are posted when it changes)."""
+    coverage: dict[str, serving.Coverage] = field(default_factory=dict)
+    """What each pool's workers were last seen to serve (serving.pool_coverage)."""
+    unserved_said: str | None = None
+    """The UnservedKinds message last posted as an Event (posted again only when it changes)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -105,6 +116,12 @@ class Reconciler:
         if kind:
             pool = memory.spec.pool_for(kind)
             pools = [pool] if pool is not None else []
+            # A kind no worker of the pool takes, in any queue: the tick would find nothing to do.
+            pools = [
+                p
+                for p in pools
+                if (known := memory.coverage.get(p.deployment)) is None or known.registers(kind)
+            ]
         else:
             pools = list(memory.spec.pools)
         now = self._clock()
@@ -200,6 +217,9 @@ class Reconciler:
             stats = await self.databases.stats(dsn, spec.database.prefix, (namespace, name))
         except (KubeError, DatabaseError) as exc:
             db_problem = (exc.reason, exc.message)
+        registrations: list[serving.Registration] = []
+        if dsn is not None and stats is not None:
+            registrations = await self._registrations(namespace, dsn, spec.database.prefix)
 
         # 3. Each pool: read, decide, scale.
         loads = pool_loads(spec, stats) if stats is not None else {}
@@ -219,13 +239,11 @@ class Reconciler:
         pool_problems: list[tuple[str, str]] = []
         decisions: list[policy.Decision] = []
         scaled: dict[str, tuple[int, int]] = {}
+        # Per pool, the pending (queue, kind) pairs its workers do not serve.
+        unserved: dict[str, frozenset[tuple[str, str]]] = {}
         for pool in spec.pools:
             load = loads.get(pool.deployment) if stats is not None else None
             entry: dict[str, Any] = {"deployment": pool.deployment}
-            if load is not None:
-                entry |= {"pending": load.pending, "claimed": load.claimed}
-                if load.oldest_pending_age is not None:
-                    entry["oldestPendingAge"] = round(load.oldest_pending_age, 3)
             current: int | None = None
             desired: int | None = None
             if pool.deployment in conflicts:
@@ -239,8 +257,27 @@ class Reconciler:
             else:
                 try:
                     queue = (dsn, spec.database.prefix) if dsn and stats is not None else None
+                    deployment = await self._deployment(namespace, name, pool)
+                    if stats is not None:
+                        coverage = await self._coverage(
+                            namespace, pool, deployment, registrations, memory
+                        )
+                        covered = {pool.deployment: coverage}
+                        load = pool_loads(spec, stats, covered)[pool.deployment]
+                        unserved[pool.deployment] = unserved_by_pool(spec, stats, covered)[
+                            pool.deployment
+                        ]
                     current, decision = await self._scale_pool(
-                        namespace, name, pool, load, memory, spec.paused, now, post, queue
+                        namespace,
+                        name,
+                        pool,
+                        deployment,
+                        load,
+                        memory,
+                        spec.paused,
+                        now,
+                        post,
+                        queue,
                     )
                 except (KubeError, Refused) as exc:
                     pool_problems.append((exc.reason, exc.message))
@@ -265,6 +302,13 @@ class Reconciler:
                     }
                     if decision.recommendation is not None:
                         entry["recommendedReplicas"] = decision.recommendation
+            if load is not None:
+                entry |= {"pending": load.pending, "claimed": load.claimed}
+                if load.oldest_pending_age is not None:
+                    entry["oldestPendingAge"] = round(load.oldest_pending_age, 3)
+                kinds = sorted({kind for _, kind in unserved.get(pool.deployment, ())})
+                if kinds:
+                    entry["unservedKinds"] = kinds
             pools_status.append(entry)
             pool_snapshots[pool.deployment] = PoolSnapshot(
                 pending=load.pending if load else 0,
@@ -284,7 +328,7 @@ class Reconciler:
         body["replicas"] = sum(current_total)
         body["desiredReplicas"] = sum(desired_total)
         if stats is not None:
-            unserved = sorted(find_unserved(spec, stats))
+            unrouted = sorted(find_unserved(spec, stats))
             body["stats"] = {
                 "observedTime": status.timestamp(now_wall),
                 "pending": stats.pending,
@@ -296,7 +340,7 @@ class Reconciler:
                 "oldestPendingAgeByKind": {
                     k: round(max(v, 0.0), 3) for k, v in stats.oldest_pending_age_by_kind.items()
                 },
-                "unservedKinds": unserved,
+                "unservedKinds": unrouted,
             }
         elif isinstance(previous_status.get("stats"), Mapping):
             body["stats"] = dict(previous_status["stats"])  # keep the last good figures
@@ -313,6 +357,19 @@ class Reconciler:
             ),
         )
         conds = _conditions(spec, db_problem, pool_problems, decisions)
+        if stats is not None:
+            said = _unserved_condition(unserved, memory.coverage, find_unserved(spec, stats))
+            if said.ok and said.message != memory.unserved_said:
+                post("Warning", said.reason, said.message)
+            memory.unserved_said = said.message if said.ok else None
+        else:
+            said = status.Condition(
+                type="UnservedKinds",
+                ok=False,
+                reason="StatsUnavailable",
+                message="stats could not be read: which kinds wait unserved is not known",
+            )
+        conds.append(said)
         spared = any(d.reason is policy.Reason.BUSY_PODS_SPARED for d in decisions)
         return TickResult(status=finish(conds, body), stats=stats, scaled=scaled, spared=spared)
 
@@ -321,6 +378,7 @@ class Reconciler:
         namespace: str,
         name: str,
         pool: PoolSpec,
+        deployment: DeploymentState,
         load: policy.PoolLoad | None,
         memory: _Memory,
         paused: bool,
@@ -328,23 +386,11 @@ class Reconciler:
         post: EventSink,
         queue: tuple[str, str] | None = None,
     ) -> tuple[int, policy.Decision]:
-        """Read one pool's Deployment, decide with the pure policy, scale it if the replicas
-        change (an Event and a metric), and remember the history; returns (current, decision).
-        Refuses a pool above the operator's replica ceiling, or whose Deployment has not opted
-        in to this JobQueue: naming a Deployment must not be enough to scale it.
+        """Decide one pool with the pure policy, scale its Deployment if the replicas change
+        (an Event and a metric), and remember the history; returns (current, decision).
 
         Before a scale-in, the pods' deletion costs are set from the jobs each holds, and the
         policy decides again knowing how many pods are busy (it never scales in below them)."""
-        if pool.max_replicas > self.max_replicas:
-            raise Refused(
-                "MaxReplicasAboveLimit",
-                f"pool {pool.deployment}: maxReplicas {pool.max_replicas} is above the "
-                f"operator's limit of {self.max_replicas} (venturi-operator --max-replicas; "
-                "the chart's operator.maxReplicas)",
-            )
-        deployment = await self.kube.deployment(namespace, pool.deployment)
-        if deployment.jobqueue != name:
-            raise Refused("NotOptedIn", _not_opted_in(namespace, name, pool, deployment.jobqueue))
         current = deployment.replicas
         history = memory.histories.get(pool.deployment, policy.History())
 
@@ -390,6 +436,74 @@ class Reconciler:
         memory.replicas[pool.deployment] = decision.replicas
         return current, decision
 
+    async def _deployment(self, namespace: str, name: str, pool: PoolSpec) -> DeploymentState:
+        """Read one pool's Deployment. Refuses a pool above the operator's replica ceiling, or
+        whose Deployment has not opted in to this JobQueue: naming a Deployment must not be
+        enough to scale it."""
+        if pool.max_replicas > self.max_replicas:
+            raise Refused(
+                "MaxReplicasAboveLimit",
+                f"pool {pool.deployment}: maxReplicas {pool.max_replicas} is above the "
+                f"operator's limit of {self.max_replicas} (venturi-operator --max-replicas; "
+                "the chart's operator.maxReplicas)",
+            )
+        deployment = await self.kube.deployment(namespace, pool.deployment)
+        if deployment.jobqueue != name:
+            raise Refused("NotOptedIn", _not_opted_in(namespace, name, pool, deployment.jobqueue))
+        return deployment
+
+    async def _registrations(
+        self, namespace: str, dsn: str, prefix: str
+    ) -> list[serving.Registration]:
+        """The live registry rows of workers in pods; none when the registry cannot be read
+        (each pool then goes by what its workers were last seen to serve: serving)."""
+        try:
+            rows = await self.databases.workers(dsn, prefix)
+        except DatabaseError as exc:
+            logger.warning(
+                "%s: cannot read the worker registry: %s",
+                namespace,
+                exc,
+                extra={"namespace": namespace},
+            )
+            return []
+        return [_registration(w) for w in rows if w.live and w.pod]
+
+    async def _coverage(
+        self,
+        namespace: str,
+        pool: PoolSpec,
+        deployment: DeploymentState,
+        registrations: list[serving.Registration],
+        memory: _Memory,
+    ) -> serving.Coverage | None:
+        """What the pool's workers serve (serving.pool_coverage), remembered for the next tick.
+        The pods are listed only when some worker in a pod registered: without one there is
+        nothing to match them with."""
+        pods: Collection[str] = ()
+        if registrations and deployment.selector:
+            try:
+                pods = await self.kube.pods(namespace, deployment.selector)
+            except KubeError as exc:
+                logger.warning(
+                    "%s: cannot list the pods of %s: %s",
+                    namespace,
+                    pool.deployment,
+                    exc,
+                    extra={"namespace": namespace},
+                )
+        coverage = serving.pool_coverage(
+            pods,
+            registrations,
+            template=deployment.template,
+            remembered=memory.coverage.get(pool.deployment),
+        )
+        if coverage is None:
+            memory.coverage.pop(pool.deployment, None)
+        else:
+            memory.coverage[pool.deployment] = coverage
+        return coverage
+
     async def _mark_pods(self, namespace: str, selector: str, dsn: str, prefix: str) -> int | None:
         """Set each pod's deletion cost to the jobs it holds; the busy pods, or None when the
         pods or the claims cannot be read (the scale-in then goes ahead unspared, as before)."""
@@ -408,6 +522,48 @@ class Reconciler:
             )
             return None
         return scalein.busy_pods(costs)
+
+
+def _registration(worker: WorkerInfo) -> serving.Registration:
+    return serving.Registration(
+        pod=worker.pod or "",
+        queues=worker.queues,
+        kinds=worker.kinds,
+        every_kind=worker.unknown_kinds == "fail",
+    )
+
+
+def _unserved_condition(
+    by_pool: Mapping[str, frozenset[tuple[str, str]]],
+    coverage: Mapping[str, serving.Coverage],
+    unrouted: frozenset[str],
+) -> status.Condition:
+    """UnservedKinds: True while jobs wait for a kind no worker that could take them serves --
+    none of their pool's live workers registers it, or no pool serves it. Not demand: such a
+    pool is not scaled up for them (and a pool at zero stays there)."""
+    parts = []
+    for deployment, pairs in sorted(by_pool.items()):
+        if pairs:
+            kinds = ", ".join(f"{kind} (queue {queue})" for queue, kind in sorted(pairs))
+            known = coverage.get(deployment)
+            whose = (
+                "no live worker of its pods registers"
+                if known is None or known.live
+                else "its workers did not register when last seen, under this pod template"
+            )
+            parts.append(f"pool {deployment}: pending {kinds}, which {whose} (no demand)")
+    if unrouted:
+        parts.append(f"no pool serves pending or claimed {', '.join(sorted(unrouted))}")
+    if not parts:
+        return status.Condition(
+            type="UnservedKinds",
+            ok=False,
+            reason="AllKindsServed",
+            message="every pending kind is served by its pool's workers, or not known not to be",
+        )
+    return status.Condition(
+        type="UnservedKinds", ok=True, reason="KindsUnserved", message="; ".join(parts)
+    )
 
 
 _NAME = re.compile(r"[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?")

@@ -31,6 +31,7 @@ from venturi_operator.policy import (
     ScalingRules,
     SelectPolicy,
 )
+from venturi_operator.serving import Coverage
 
 __all__ = [
     "Behavior",
@@ -47,6 +48,7 @@ __all__ = [
     "SpecError",
     "parse_spec",
     "pool_loads",
+    "unserved_by_pool",
     "unserved_kinds",
 ]
 
@@ -372,17 +374,25 @@ class QueueStats(Protocol):
         ...
 
 
-def pool_loads(spec: JobQueueSpec, stats: QueueStats) -> dict[str, PoolLoad]:
+def pool_loads(
+    spec: JobQueueSpec,
+    stats: QueueStats,
+    coverage: Mapping[str, Coverage | None] | None = None,
+) -> dict[str, PoolLoad]:
     """Each pool's load, keyed by deployment in spec order.
 
     A pool's load sums the jobs of the (queue, kind) pairs it serves (see
     :meth:`JobQueueSpec.pool_for`); pending jobs of a paused queue count as pending and as
-    ``paused``. Pairs no pool serves are in :func:`unserved_kinds`.
+    ``paused``; pending jobs of a pair its workers do not serve (``coverage``, by deployment:
+    :mod:`venturi_operator.serving`) as pending and as ``unserved``. Neither has an age the
+    pool must meet. Pairs no pool serves are in :func:`unserved_kinds`.
     """
+    unserved_pairs = unserved_by_pool(spec, stats, coverage or {})
     pending = {pool.deployment: 0 for pool in spec.pools}
     claimed = dict(pending)
     finished = dict(pending)
     paused = dict(pending)
+    unserved = dict(pending)
     oldest: dict[str, float | None] = dict.fromkeys(pending)
     for queue, q in stats.queues.items():
         kinds = (
@@ -399,12 +409,15 @@ def pool_loads(spec: JobQueueSpec, stats: QueueStats) -> dict[str, PoolLoad]:
             name = pool.deployment
             waiting = q.pending_by_kind.get(kind, 0)
             pending[name] += waiting
+            no_demand = q.paused or (queue, kind) in unserved_pairs[name]
             if q.paused:
                 paused[name] += waiting
+            elif no_demand:
+                unserved[name] += waiting
             claimed[name] += q.claimed_by_kind.get(kind, 0)
             finished[name] += q.completed_by_kind.get(kind, 0) + q.dead_by_kind.get(kind, 0)
             age = q.oldest_pending_age_by_kind.get(kind)
-            if age is not None and waiting > 0 and not q.paused:
+            if age is not None and waiting > 0 and not no_demand:
                 # Database time can be a hair ahead of a job's run_at; an age is never negative.
                 age = max(0.0, age)
                 current = oldest[name]
@@ -416,9 +429,27 @@ def pool_loads(spec: JobQueueSpec, stats: QueueStats) -> dict[str, PoolLoad]:
             oldest_pending_age=oldest[name],
             finished=finished[name],
             paused=paused[name],
+            unserved=unserved[name],
         )
         for name in pending
     }
+
+
+def unserved_by_pool(
+    spec: JobQueueSpec, stats: QueueStats, coverage: Mapping[str, Coverage | None]
+) -> dict[str, frozenset[tuple[str, str]]]:
+    """Per pool (by deployment, every pool), the (queue, kind) pairs with pending jobs that
+    the spec routes to it and its workers do not serve, by its coverage (none known: none)."""
+    found: dict[str, set[tuple[str, str]]] = {pool.deployment: set() for pool in spec.pools}
+    for queue, q in stats.queues.items():
+        for kind, n in q.pending_by_kind.items():
+            pool = spec.pool_for(kind, queue) if n > 0 else None
+            if pool is None:
+                continue
+            known = coverage.get(pool.deployment)
+            if known is not None and not known.serves(queue, kind):
+                found[pool.deployment].add((queue, kind))
+    return {name: frozenset(pairs) for name, pairs in found.items()}
 
 
 def unserved_kinds(spec: JobQueueSpec, stats: QueueStats) -> frozenset[str]:

@@ -10,7 +10,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-CONDITION_TYPES = ("Ready", "DatabaseReachable", "ScalingActive", "ScalingLimited", "Fallback")
+CONDITION_TYPES = (
+    "Ready",
+    "DatabaseReachable",
+    "ScalingActive",
+    "ScalingLimited",
+    "Fallback",
+    "UnservedKinds",
+)
 
 
 @dataclass(frozen=True, kw_only=True)

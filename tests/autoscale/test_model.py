@@ -13,8 +13,8 @@ from bench.autoscale.metrics import flaps, measure, quantile, reversals
 from bench.autoscale.model import DRAINING, Cluster, Placement, WorkerSpec
 from bench.autoscale.policies import Clairvoyant, Static, VenturiOperator
 from bench.autoscale.run import one
-from bench.autoscale.traces import Insert, Trace, constant, step
-from bench.autoscale.variants import fewer_on, shorted, shorted_eighths
+from bench.autoscale.traces import FULL_DURATION, Insert, Trace, constant, step
+from bench.autoscale.variants import FENCED, fewer_on, shorted, shorted_eighths
 
 WORKER = WorkerSpec()
 
@@ -129,6 +129,25 @@ def test_draining_state_is_visible_in_the_pod_list() -> None:
     cluster.at(3.0, lambda: states.extend(p.state for p in cluster.pods))
     cluster.run(Static(0))
     assert states == [DRAINING]
+
+
+def test_a_fenced_pod_claims_nothing_until_unfenced() -> None:
+    cluster = Cluster(trace(job(1.0, 10.0)), WORKER, seed=1, initial_replicas=1)
+    [pod] = cluster.pods
+    cluster.at(0.5, lambda: cluster.fence(pod))
+    cluster.at(5.0, lambda: cluster.unfence(pod))
+    cluster.run(Static(1))
+    assert cluster.started[0] == 5.0
+
+
+def test_a_fenced_scale_in_closes_the_race_of_a_claim_and_a_deletion() -> None:
+    """Step, seed 8: a pod claims a long job in the 50 ms between the operator's read of the
+    claims and the scale, is removed, and the job is re-run at the end of the drain. With the
+    pods fenced before the scale (and their claims read again after), none is."""
+    plain = one(("step", 8, "venturi", FULL_DURATION)).metrics
+    fenced = one(("step", 8, FENCED, FULL_DURATION)).metrics
+    assert (plain.rerun, plain.killed) == (1, 0)
+    assert (fenced.rerun, fenced.killed) == (0, 0)
 
 
 def test_runs_are_deterministic_per_seed_and_differ_across_seeds() -> None:

@@ -27,7 +27,8 @@ from kube_harness import (
     run_operator,
 )
 
-from venturi import PostgresStore, Queue, Task
+from venturi import Context, Outcome, PostgresStore, Queue, Task, Worker, WorkerIdentity
+from venturi_operator import status as status_conditions
 from venturi_operator.__main__ import JsonFormatter as OperatorJsonFormatter
 from venturi_operator.__main__ import Logging, parse_args
 from venturi_operator.cadence import BURST_WAKE_SECONDS
@@ -139,7 +140,7 @@ async def test_scales_from_the_queue_and_reports_it(
             3,
         )
         assert status["replicas"] == 3
-        for kind in ("Ready", "DatabaseReachable", "ScalingActive", "ScalingLimited", "Fallback"):
+        for kind in status_conditions.CONDITION_TYPES:
             c = condition(jq, kind)
             assert set(c) == {
                 "type",
@@ -151,6 +152,9 @@ async def test_scales_from_the_queue_and_reports_it(
             }
         assert condition(jq, "DatabaseReachable")["status"] == "True"
         assert condition(jq, "Fallback")["status"] == "False"
+        unserved = condition(jq, "UnservedKinds")
+        assert (unserved["status"], unserved["reason"]) == ("True", "KindsUnserved")
+        assert unserved["message"] == "no pool serves pending or claimed report"
         scaled = [e for e in kube.events(NS, involved="mail") if e["reason"] == "Scaled"]
         assert scaled and "from 0 to 3" in scaled[0]["message"]
         assert scaled[0]["type"] == "Normal"
@@ -844,6 +848,129 @@ async def test_a_scale_in_held_back_by_busy_pods_looks_again_within_seconds(
             for p in ("mailer-a", "mailer-b")
         }
         assert costs == {"mailer-a": "1", "mailer-b": "0"}
+
+
+@asynccontextmanager
+async def registered(store: PostgresStore, pod: str, task: type[Task]) -> AsyncIterator[None]:
+    """A real worker in `pod`, serving only `task`'s kind: listed in the worker registry."""
+
+    async def run(job: Task, ctx: Context[None], app: None) -> Outcome:
+        return Outcome.completed()
+
+    identity = WorkerIdentity(host="test", pid=os.getpid(), pod=pod)
+    worker: Worker[None] = Worker(None, store, concurrency=1, identity=identity)
+    worker.register(task, run)
+    shutdown = asyncio.Event()
+    running = asyncio.create_task(worker.run(shutdown))
+    await asyncio.wait_for(worker.ready.wait(), TIMEOUT)
+    try:
+        yield
+    finally:
+        shutdown.set()
+        await asyncio.wait_for(running, TIMEOUT)
+
+
+async def ticks(reconciler: Reconciler, n: int) -> None:
+    """Wait for `n` more ticks to finish."""
+    done = asyncio.Event()
+    seen: list[None] = []
+    tick = reconciler.tick
+
+    async def counted(*args: Any, **kwargs: Any) -> TickResult:
+        result = await tick(*args, **kwargs)
+        seen.append(None)
+        if len(seen) >= n:
+            done.set()
+        return result
+
+    reconciler.tick = counted  # type: ignore[method-assign]
+    try:
+        await asyncio.wait_for(done.wait(), TIMEOUT)
+    finally:
+        reconciler.tick = tick  # type: ignore[method-assign]
+
+
+async def test_kinds_the_pools_workers_do_not_serve_are_a_condition_not_demand(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    """25 mail jobs wait; the pool's one pod runs a worker that registered only `report`.
+    They are no demand: the pool goes to zero, the JobQueue says why (a condition and a
+    Warning), and it stays asleep for them, until a new pod template (a release) may serve
+    them: then it wakes for them as for any job."""
+    await Queue(store).enqueue_many(Mail() for _ in range(25))
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=1)
+    kube.pod(NS, "mailer-a", labels={"app": "mailer"})
+    kube.jobqueue(NS, "mail", spec(store.prefix))
+
+    async with registered(store, "mailer-a", Report), operator(kube) as reconciler:
+        await replicas_become(kube, "mailer", 0)
+        jq = await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            "mail",
+            lambda o: condition(o, "UnservedKinds").get("status") == "True",
+            timeout=TIMEOUT,
+        )
+        said = condition(jq, "UnservedKinds")
+        assert said["reason"] == "KindsUnserved"
+        assert "pool mailer: pending mail (queue default)" in said["message"]
+        assert jq["status"]["pools"][0]["unservedKinds"] == ["mail"]
+        assert jq["status"]["pools"][0]["pending"] == 25
+        [warning] = await kube.wait_until(
+            lambda: [e for e in kube.events(NS, involved="mail") if e["reason"] == "KindsUnserved"],
+            timeout=TIMEOUT,
+        )
+        assert warning["type"] == "Warning"
+        assert "mail (queue default)" in warning["message"]
+        # A NOTIFY for such a job wakes nothing (at zero, any other job would tick at once).
+        assert reconciler.wake_delay(NS, "mail", "mail") is None
+
+    # The pod is gone and so is its registry row: the pool stays at zero for those jobs, by
+    # what its workers of this template served.
+    kube.delete(PODS, NS, "mailer-a")
+    async with operator(kube) as reconciler:
+        await ticks(reconciler, 1)  # a new operator knows nothing: it wakes the pool once
+        await replicas_become(kube, "mailer", 3)
+        kube.pod(NS, "mailer-b", labels={"app": "mailer"})
+        async with registered(store, "mailer-b", Report):
+            await replicas_become(kube, "mailer", 0)
+        kube.delete(PODS, NS, "mailer-b")
+        await ticks(reconciler, 3)
+        assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 0
+        said = condition(kube.get(JOBQUEUES, NS, "mail"), "UnservedKinds")
+        assert said["status"] == "True"
+        assert "which its workers did not register when last seen" in said["message"]
+        # A new template: what its pods serve is not known yet, so the jobs count again.
+        kube.patch(
+            DEPLOYMENTS,
+            NS,
+            "mailer",
+            {"spec": {"template": {"metadata": {"annotations": {"release": "2"}}}}},
+        )
+        await replicas_become(kube, "mailer", 3)  # ceil(25 / 10)
+
+
+async def test_a_pool_whose_workers_write_no_registry_rows_scales_as_before(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    """The registry speaks only for the pods whose workers wrote a row: a live worker of
+    another pod that serves none of this pool's kinds says nothing about this pool."""
+    await Queue(store).enqueue_many(Mail() for _ in range(25))
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=1)
+    kube.pod(NS, "mailer-a", labels={"app": "mailer"})  # its worker writes no registry row
+    kube.jobqueue(NS, "mail", spec(store.prefix))
+    async with registered(store, "reporter-a", Report), operator(kube):
+        await replicas_become(kube, "mailer", 3)  # ceil(25 / 10)
+        jq = await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            "mail",
+            lambda o: condition(o, "UnservedKinds").get("status") == "False",
+            timeout=TIMEOUT,
+        )
+        assert "unservedKinds" not in jq["status"]["pools"][0]
 
 
 async def test_scales_through_pgbouncer_in_transaction_mode(

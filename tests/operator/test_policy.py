@@ -1387,3 +1387,28 @@ def test_a_scale_in_never_goes_below_the_busy_pods(
     if spec.min_replicas <= current <= spec.max_replicas:
         assert decision.replicas >= min(busy, current)
     assert spec.min_replicas <= decision.replicas <= spec.max_replicas
+
+
+def test_unserved_jobs_are_no_arrivals() -> None:
+    """Jobs no worker of the pool serves pile up for no one: neither demand nor part of the
+    flow the pool is sized for. Ten minutes of 4 such jobs/s beside a steady 10 jobs/s leave
+    the rate, and the replicas, as without them."""
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(10.0, 9.0, spec=spec)
+    plain = history
+    for tick in range(40):
+        at, done = now + 15.0 * tick, finished + 150 * tick
+        waiting = 60 * tick
+        piled = decide(
+            PoolLoad(pending=waiting, claimed=90, finished=done, unserved=waiting),
+            spec,
+            history,
+            at,
+            current=12,
+        )
+        without = decide(
+            PoolLoad(pending=0, claimed=90, finished=done), spec, plain, at, current=12
+        )
+        history, plain = piled.history, without.history
+        assert piled.replicas == without.replicas
+    assert history.arrival_rate == pytest.approx(10.0, rel=0.01)

@@ -20,6 +20,7 @@ import pytest
 import yaml
 
 from venturi_operator import policy
+from venturi_operator.serving import Coverage, Registration
 from venturi_operator.spec import (
     Behavior,
     DatabaseRef,
@@ -33,6 +34,7 @@ from venturi_operator.spec import (
     SpecError,
     parse_spec,
     pool_loads,
+    unserved_by_pool,
     unserved_kinds,
 )
 
@@ -964,3 +966,32 @@ def test_a_status_as_the_operator_writes_it_validates() -> None:
         "kopf": {"progress": {}},
     }
     _assert_valid(root_schema()["properties"]["status"], status, "status")
+
+
+def test_jobs_of_kinds_a_pools_workers_do_not_serve_are_unserved_and_have_no_age() -> None:
+    spec = parse_spec(THREE_POOLS)
+    sms_only = Coverage(
+        template="t",
+        registrations=(Registration(pod="m-1", queues=("default",), kinds=("send_sms",)),),
+    )
+    coverage = {"mailers": sms_only, "reports": None}  # "rest": not given, nothing known
+    loads = pool_loads(spec, STATS, coverage)
+    # send_email (3 pending, 12.5 s old) is no worker's of the pool: pending, but unserved, and
+    # only send_sms's age counts. Its claimed job still counts (someone holds it).
+    assert loads["mailers"] == PoolLoad(
+        pending=5, claimed=1, oldest_pending_age=40.0, finished=124, unserved=3
+    )
+    assert loads["rest"] == pool_loads(spec, STATS)["rest"]
+    assert unserved_by_pool(spec, STATS, coverage) == {
+        "mailers": {("default", "send_email")},
+        "reports": frozenset(),
+        "rest": frozenset(),
+    }
+    # The age of a served kind older than the unserved one's still counts.
+    email_only = Coverage(
+        template="t",
+        registrations=(Registration(pod="m-1", queues=("default",), kinds=("send_email",)),),
+    )
+    assert pool_loads(spec, STATS, {"mailers": email_only})["mailers"] == PoolLoad(
+        pending=5, claimed=1, oldest_pending_age=12.5, finished=124, unserved=2
+    )
