@@ -164,7 +164,8 @@ class Results:
         return [s for s in self.raw["meta"]["systems"] if s not in self.raw["unavailable"]]
 
     def peers(self) -> list[str]:
-        return [s for s in self.systems() if s != VENTURI]
+        """Every other system; venturi's own variants (venturi-uvloop) are not peers."""
+        return [s for s in self.systems() if s != VENTURI and not s.startswith(f"{VENTURI}-")]
 
     def best_peer(self, scenario: str, metric: Metric) -> tuple[str, float] | None:
         figures = [
@@ -426,6 +427,10 @@ def _targets(res: Results) -> list[str]:
 SETUP: dict[str, str] = {
     "venturi": "`Worker(None, store, concurrency=c)`, every other setting at its default; "
     "asyncpg, the stock asyncio loop.",
+    "venturi-uvloop": "The same venturi on uvloop in both the producer and the worker (the "
+    "`venturi[uvloop]` extra; `venturi worker --loop uvloop`, or `uvloop.run(main())` in "
+    "one's own program). A variant of venturi, not a peer: the ratios and targets use "
+    "`venturi` on asyncio.",
     "pgqueuer": "`pgqueuer.run(...)` (the twin of `pgq run`) on uvloop, as `pgq run` and "
     "pgqueuer's benchmark tool run; asyncpg, a dedicated worker connection, `pgq autovac`. "
     "c=16: `max_concurrent_tasks=16`, `batch_size=8` (it requires max ≥ 2 x batch). c=1: "

@@ -161,3 +161,18 @@ def test_report_leaves_the_single_row_ceiling_out_when_not_run() -> None:
     )
     assert "ceiling_single" not in raw  # a results.json from before it existed
     assert "single-row ceiling (pgbench)" not in report.render(raw)
+
+
+def test_venturi_on_uvloop_is_shown_but_is_not_a_peer() -> None:
+    raw = _raw(
+        [
+            _record("venturi", "enqueue_sequential", metrics={"rate": 2_000.0}),
+            _record("venturi-uvloop", "enqueue_sequential", metrics={"rate": 2_400.0}),
+            _record("river", "enqueue_sequential", metrics={"rate": 1_000.0}),
+        ],
+        ["enqueue_sequential"],
+    )
+    raw["meta"]["systems"].append("venturi-uvloop")
+    text = report.render(raw)
+    assert "| venturi-uvloop | 2,400 |" in text
+    assert "| **venturi / best peer** | 2.00x (river) |" in text
