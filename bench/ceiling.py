@@ -4,6 +4,10 @@
 of jobs, each step its own commit. Run at 1 job and 100 jobs per pass and at 1, 4 and 16
 clients, it gives the most jobs/s this PostgreSQL on this machine can move through a queue
 table; every system's figure can be read as a fraction of it.
+
+``pgbench/insert_one.sql`` is the single-row ceiling beside it: one client inserting one job
+row per autocommit transaction into the same table, one after the other, which is what a
+producer awaiting each enqueue does; each single-enqueue figure is read as a fraction of it.
 """
 
 from __future__ import annotations
@@ -21,7 +25,14 @@ _TPS = re.compile(r"^tps = ([0-9.]+) \(without initial connection time\)", re.MU
 _FAILED = re.compile(r"^number of failed transactions: (\d+)", re.MULTILINE)
 
 
-def _pgbench(server: PrivateServer, dbname: str, batch: int, clients: int, seconds: float) -> float:
+def _pgbench(
+    server: PrivateServer,
+    dbname: str,
+    batch: int,
+    clients: int,
+    seconds: float,
+    script: str = "queue_cycle.sql",
+) -> float:
     threads = max(1, min(clients, os.cpu_count() or 1))
     result = subprocess.run(
         [
@@ -38,7 +49,7 @@ def _pgbench(server: PrivateServer, dbname: str, batch: int, clients: int, secon
             "-D",
             f"batch={batch}",
             "-f",
-            str(SCRIPTS / "queue_cycle.sql"),
+            str(SCRIPTS / script),
             "-h",
             "127.0.0.1",
             "-p",
@@ -77,6 +88,22 @@ def measure(
         return rows
     finally:
         server.drop_database(dbname)
+
+
+def measure_single(server: PrivateServer, dbname: str, seconds: float) -> float:
+    """The single-row ceiling, jobs/s: one client, one row per transaction, on the same
+    freshly seeded table as the batched grid (so its indexes hold the same 10,000 rows)."""
+    server.create_database(dbname)
+    try:
+        server.psql_file(SCRIPTS / "schema.sql", dbname)
+        server.psql_file(SCRIPTS / "seed.sql", dbname)
+        return _pgbench(server, dbname, 1, 1, seconds, script="insert_one.sql")
+    finally:
+        server.drop_database(dbname)
+
+
+async def measure_single_async(server: PrivateServer, dbname: str, seconds: float) -> float:
+    return await asyncio.to_thread(measure_single, server, dbname, seconds)
 
 
 async def measure_async(

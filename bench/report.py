@@ -70,7 +70,11 @@ SECTIONS = [
     Section(
         "enqueue_sequential",
         "2. Enqueue, one by one",
-        "N jobs from one producer, each enqueue awaited before the next.",
+        "N jobs from one producer, each enqueue awaited before the next. The single-row "
+        "ceiling (`ceiling_single`, run right after in each repetition): pgbench, one client "
+        "inserting one job row per autocommit transaction into the ceiling's table "
+        "(`bench/pgbench/insert_one.sql`), so every commit waits for its WAL flush as each "
+        "enqueue does.",
         [RATE],
     ),
     Section(
@@ -160,7 +164,8 @@ class Results:
         return [s for s in self.raw["meta"]["systems"] if s not in self.raw["unavailable"]]
 
     def peers(self) -> list[str]:
-        return [s for s in self.systems() if s != VENTURI]
+        """Every other system; venturi's own variants (venturi-uvloop) are not peers."""
+        return [s for s in self.systems() if s != VENTURI and not s.startswith(f"{VENTURI}-")]
 
     def best_peer(self, scenario: str, metric: Metric) -> tuple[str, float] | None:
         figures = [
@@ -179,6 +184,10 @@ class Results:
                 if row["jobs_per_tx"] == jobs_per_tx and row["clients"] == clients
             ]
         )
+
+    def single_ceiling(self) -> Summary | None:
+        """The single-row ceiling (one client, one row per commit), when it was run."""
+        return summarize([row["jobs_per_s"] for row in self.raw.get("ceiling_single", [])])
 
     def best_ceiling(self, jobs_per_tx: int) -> tuple[int, float] | None:
         cells = [
@@ -244,6 +253,8 @@ def _scenario_table(res: Results, section: Section) -> list[str]:
         lines.append(_peer_ratio_row(res, section))
     if section.scenario.startswith("drain_"):
         lines += _ceiling_row(res, section)
+    if section.scenario == "enqueue_sequential":
+        lines += _single_ceiling_rows(res)
     notes = [
         f"- {system}: {note}"
         for system in res.systems()
@@ -269,6 +280,23 @@ def _ceiling_row(res: Results, section: Section) -> list[str]:
     cells = [f"{r:.0%} of the 100-per-pass ceiling ({ceiling[0]} clients)"]
     cells += [""] * (len(section.metrics) - 1)
     return ["| **venturi / ceiling** | " + " | ".join(cells) + " |"]
+
+
+def _single_ceiling_rows(res: Results) -> list[str]:
+    """The single-row ceiling of the same run, and each system's share of it."""
+    ceiling = res.single_ceiling()
+    if ceiling is None:
+        return []
+    shares = [
+        f"{system} {r:.0%}"
+        for system in res.systems()
+        if (r := ratio(res.median("enqueue_sequential", system, "rate"), ceiling.median))
+        is not None
+    ]
+    return [
+        f"| **single-row ceiling (pgbench)** | {fmt_summary(ceiling)} |",
+        "| **of the single-row ceiling** | " + (", ".join(shares) or "—") + " |",
+    ]
 
 
 def _ceiling_table(res: Results) -> list[str]:
@@ -399,6 +427,10 @@ def _targets(res: Results) -> list[str]:
 SETUP: dict[str, str] = {
     "venturi": "`Worker(None, store, concurrency=c)`, every other setting at its default; "
     "asyncpg, the stock asyncio loop.",
+    "venturi-uvloop": "The same venturi on uvloop in both the producer and the worker (the "
+    "`venturi[uvloop]` extra; `venturi worker --loop uvloop`, or `uvloop.run(main())` in "
+    "one's own program). A variant of venturi, not a peer: the ratios and targets use "
+    "`venturi` on asyncio.",
     "pgqueuer": "`pgqueuer.run(...)` (the twin of `pgq run`) on uvloop, as `pgq run` and "
     "pgqueuer's benchmark tool run; asyncpg, a dedicated worker connection, `pgq autovac`. "
     "c=16: `max_concurrent_tasks=16`, `batch_size=8` (it requires max ≥ 2 x batch). c=1: "

@@ -38,6 +38,7 @@ SCENARIOS = (
     "drain_c1",
     "drain_c16",
     "enqueue_sequential",
+    "ceiling_single",
     "enqueue_bulk100",
     "enqueue_bulk1000",
     "pickup_c1",
@@ -155,6 +156,7 @@ async def _run(
         },
         "records": [],
         "ceiling": [],
+        "ceiling_single": [],
         "unavailable": {},
     }
     redis: PrivateRedis | None = None
@@ -190,6 +192,15 @@ async def _run(
                         plan.ceiling_seconds,
                     )
                     results["ceiling"] += [{"rep": rep, **row} for row in rows]
+                    continue
+                if scenario == "ceiling_single":
+                    # Run right after the single enqueues, so both see the same machine.
+                    print(f"bench: rep {rep + 1}/{plan.reps} ceiling_single", flush=True)
+                    rate = await ceiling.measure_single_async(
+                        server, f"ceiling_single_rep{rep}", plan.ceiling_seconds
+                    )
+                    results["ceiling_single"].append({"rep": rep, "jobs_per_s": rate})
+                    _save(results, out)
                     continue
                 for system in order:
                     if system not in envs:

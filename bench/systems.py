@@ -16,6 +16,7 @@ from bench.processes import SystemEnv
 
 SYSTEMS = (
     "venturi",
+    "venturi-uvloop",
     "pgqueuer",
     "pgqueuer-defaults",
     "procrastinate",
@@ -24,7 +25,7 @@ SYSTEMS = (
     "graphile-worker",
     "celery",
 )
-PEERS = SYSTEMS[1:]
+PEERS = SYSTEMS[2:]
 
 # River at its defaults (FetchCooldown 100 ms, FetchPollInterval 1 s) is "river"; the same
 # program with the shortest cooldown River allows and a short poll interval is "river-1ms".
@@ -35,6 +36,7 @@ RIVER_OPTIONS: dict[str, tuple[str, ...]] = {
 
 # Variants of a Python system: (venv and adapter, extra environment).
 PYTHON_VARIANTS: dict[str, tuple[str, tuple[tuple[str, str], ...]]] = {
+    "venturi-uvloop": ("venturi", (("BENCH_VENTURI_LOOP", "uvloop"),)),
     "pgqueuer-defaults": ("pgqueuer", (("BENCH_PGQUEUER_MAPPING", "defaults"),)),
 }
 

@@ -6,6 +6,9 @@
 * Worker: ``Worker(None, store, concurrency=c)`` with every other setting at its default,
   one registered no-op handler per kind, ``run(shutdown)`` until the event is set.
 * Stats: ``Queue.stats()`` when the installed version has it (skipped otherwise).
+* Event loop: asyncio's own; ``BENCH_VENTURI_LOOP=uvloop`` (the ``venturi-uvloop`` system)
+  runs both roles on uvloop instead (the ``venturi[uvloop]`` extra, ``venturi worker --loop
+  uvloop``), as a user's program does with ``uvloop.run(main())``.
 * Job ids are client-made ULIDs (a uuid primary key), so the backlog preload gives cloned
   rows a fresh ``gen_random_uuid()``; claim order does not depend on the id's randomness
   beyond breaking ties between jobs due at the same instant.
@@ -15,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+from collections.abc import Coroutine
 from importlib.metadata import version
 from typing import Any
 
@@ -26,6 +31,7 @@ from venturi.postgres import PostgresStore
 
 PREFIX = "venturi"
 MAX_KINDS = 20
+LOOP = os.environ.get("BENCH_VENTURI_LOOP", "asyncio")
 
 
 def _task_type(index: int) -> type[Task[Any]]:
@@ -52,7 +58,18 @@ class VenturiSystem(System):
         self._conn: asyncpg.Connection | None = None
 
     def versions(self) -> dict[str, str]:
-        return {"venturi": version("venturi"), "asyncpg": version("asyncpg")}
+        versions = {"venturi": version("venturi"), "asyncpg": version("asyncpg")}
+        if LOOP == "uvloop":
+            versions["uvloop"] = version("uvloop")
+        return versions
+
+    def run_loop(self, main: Coroutine[Any, Any, None]) -> None:
+        if LOOP == "uvloop":
+            import uvloop
+
+            uvloop.run(main)
+        else:
+            asyncio.run(main)
 
     @property
     def queue(self) -> Queue:

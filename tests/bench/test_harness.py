@@ -138,3 +138,41 @@ def test_report_tells_a_scenario_not_run_from_one_that_gave_no_figure() -> None:
     assert "- river: rep 1: fell behind" in text
     assert "- celery: not run: does not apply" in text
     assert "| river | — | — | — |" in text
+
+
+def test_report_reads_single_enqueues_against_the_single_row_ceiling() -> None:
+    raw = _raw(
+        [
+            _record("venturi", "enqueue_sequential", metrics={"rate": 2_000.0}),
+            _record("river", "enqueue_sequential", metrics={"rate": 1_000.0}),
+        ],
+        ["enqueue_sequential", "ceiling_single"],
+    )
+    raw["ceiling_single"] = [{"rep": 0, "jobs_per_s": 4_000.0}]
+    text = report.render(raw)
+    assert "| **single-row ceiling (pgbench)** | 4,000 |" in text
+    assert "| **of the single-row ceiling** | venturi 50%, river 25% |" in text
+
+
+def test_report_leaves_the_single_row_ceiling_out_when_not_run() -> None:
+    raw = _raw(
+        [_record("venturi", "enqueue_sequential", metrics={"rate": 2_000.0})],
+        ["enqueue_sequential"],
+    )
+    assert "ceiling_single" not in raw  # a results.json from before it existed
+    assert "single-row ceiling (pgbench)" not in report.render(raw)
+
+
+def test_venturi_on_uvloop_is_shown_but_is_not_a_peer() -> None:
+    raw = _raw(
+        [
+            _record("venturi", "enqueue_sequential", metrics={"rate": 2_000.0}),
+            _record("venturi-uvloop", "enqueue_sequential", metrics={"rate": 2_400.0}),
+            _record("river", "enqueue_sequential", metrics={"rate": 1_000.0}),
+        ],
+        ["enqueue_sequential"],
+    )
+    raw["meta"]["systems"].append("venturi-uvloop")
+    text = report.render(raw)
+    assert "| venturi-uvloop | 2,400 |" in text
+    assert "| **venturi / best peer** | 2.00x (river) |" in text

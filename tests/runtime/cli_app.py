@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 from dataclasses import dataclass
@@ -47,4 +48,21 @@ def make_careless_worker(store: PostgresStore) -> Worker[None]:
     worker = Worker(None, store, concurrency=2, panic_policy=PanicPolicy.DEAD)
     worker.register(Echo, careless_echo)
     worker.register(Boom, boom)
+    return worker
+
+
+@dataclass
+class WhichLoop(Task):
+    KIND = "which_loop"
+
+
+async def which_loop(task: WhichLoop, ctx: Context[None], app: None) -> Outcome:
+    loop = type(asyncio.get_running_loop())
+    return Outcome.completed(note=f"{loop.__module__}.{loop.__qualname__}")
+
+
+def make_loop_worker(store: PostgresStore) -> Worker[None]:
+    """A handler that notes the class of the event loop it runs on."""
+    worker = Worker(None, store, concurrency=1)
+    worker.register(WhichLoop, which_loop)
     return worker
