@@ -21,7 +21,7 @@ PREFETCH_MAX_FLOOR = 64
 """... but never a cap below this many: with few slots and very short jobs, the claim round
 trips are the limit (at concurrency 1, no-op jobs drained about 4,200/s with 8 held ahead,
 5,800-6,500/s with 16 and 9,000-10,800/s with 64, in-process, fsync on). The claim spreads
-the lower-tier jobs its tier reservations picked through its rows (claim_v4), so a deep
+the lower-tier jobs its tier reservations picked through its rows (claim_v4, v5), so a deep
 buffer keeps their share in every stretch of runs."""
 
 
