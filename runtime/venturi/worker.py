@@ -35,6 +35,7 @@ from venturi._db.registry import WorkerRow
 from venturi._executor import Policy, Registration
 from venturi._hooks import hook_set
 from venturi._maintenance import Maintainer
+from venturi._maintenance.analyzer import JobsAnalyzer
 from venturi._maintenance.cleaner import RetentionCleaner
 from venturi._maintenance.folder import CountFold
 from venturi._maintenance.sweeper import WorkerSweep
@@ -600,13 +601,13 @@ def _limits(once: bool, stop_when_empty: bool, max_jobs: int | None) -> RunLimit
 def _services(
     maintenance: Sequence[MaintenanceService], retention: Retention | None
 ) -> tuple[MaintenanceService, ...]:
-    """The leader's services: the sweep, the counters' fold, the cleaner if asked for, then the
-    caller's."""
+    """The leader's services: the sweep, the counters' fold, the jobs table's statistics, the
+    cleaner if asked for, then the caller's."""
     if isinstance(maintenance, MaintenanceService) or not isinstance(maintenance, Sequence):
         raise TypeError(f"maintenance: expected a list of services, got {maintenance!r:.80}")
     if retention is not None and not isinstance(retention, Retention):
         raise TypeError(f"retention: expected a venturi.Retention, got {retention!r:.80}")
-    services: list[MaintenanceService] = [WorkerSweep(), CountFold()]
+    services: list[MaintenanceService] = [WorkerSweep(), CountFold(), JobsAnalyzer()]
     if retention is not None and retention.prunes:
         services.append(RetentionCleaner(retention))
     for service in maintenance:
