@@ -26,7 +26,7 @@ import dataclasses
 import os
 import statistics
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 
@@ -153,6 +153,31 @@ async def _rows(conn: asyncpg.Connection, prefix: str) -> tuple[int, int]:
     return counts, minutes
 
 
+async def _clean(store: PostgresStore, conn: asyncpg.Connection) -> None:
+    """As the preload left them."""
+
+
+async def _busy(store: PostgresStore, conn: asyncpg.Connection) -> None:
+    await _spread(conn, store.prefix)
+
+
+async def _between_folds(store: PostgresStore, conn: asyncpg.Connection) -> None:
+    await _fold(store, conn, store.prefix)
+    await _respread_live(conn, store.prefix)
+
+
+async def _folded(store: PostgresStore, conn: asyncpg.Connection) -> None:
+    await _fold(store, conn, store.prefix)
+
+
+SHAPES: list[tuple[str, Callable[[PostgresStore, asyncpg.Connection], Awaitable[None]]]] = [
+    ("clean", _clean),
+    ("busy", _busy),
+    ("busy, minutes folded", _between_folds),
+    ("folded", _folded),
+]
+
+
 async def _main(pending: int, calls: int) -> None:
     prefix = "benst"
     results: list[tuple[str, float, int, int]] = []
@@ -162,20 +187,9 @@ async def _main(pending: int, calls: int) -> None:
             await store.migrate()
             await _preload(store, conn, pending)
             queue = Queue(store)
-            shapes: list[tuple[str, Any]] = [
-                ("clean", None),
-                ("busy", _spread),
-                ("busy, minutes folded", None),
-                ("folded", None),
-            ]
-            for label, shape in shapes:
-                if label == "busy, minutes folded":
-                    await _fold(store, conn, prefix)
-                    await _respread_live(conn, prefix)
-                elif label == "folded":
-                    await _fold(store, conn, prefix)
-                elif shape is not None:
-                    await shape(conn, prefix)
+            # Each shape is made from the one before it.
+            for label, make in SHAPES:
+                await make(store, conn)
                 ms = await _time(queue, calls)
                 results.append((label, ms, *await _rows(conn, prefix)))
         await conn.close()
