@@ -14,6 +14,7 @@ import asyncio
 import dataclasses
 import functools
 import hashlib
+import logging
 import math
 import ssl as ssl_module
 import time
@@ -75,6 +76,11 @@ lease, when it passes one)."""
 # Seconds between two prunes of the per-minute counts by one store's settles: old minutes are
 # few, and any writer may delete them, so a minute's delay costs nothing.
 PRUNE_INTERVAL_S = 60.0
+
+CLOSE_GRACE = 10.0
+"""Seconds `close()` waits for connections in use to be released before terminating them."""
+
+logger = logging.getLogger(__name__)
 
 SSLMode = Literal["disable", "prefer", "allow", "require", "verify-ca", "verify-full"]
 Pooler = Literal["none", "transaction"]
@@ -384,8 +390,12 @@ class PostgresStore:
         """The NOTIFY channel of awaited jobs that finished (payload: the job's uuid)."""
         return f"{self._prefix}_results"
 
-    async def close(self) -> None:
-        """Close the pool if this store opened it. Safe to call twice."""
+    async def close(self, grace: float = CLOSE_GRACE) -> None:
+        """Close the pool if this store opened it. Safe to call twice.
+
+        Waits up to `grace` seconds for connections still in use to be released, then
+        terminates them (and says so in the log): a connection some task never gives back
+        must not keep a stopping process alive until it is killed."""
         if not self._closed:
             self._closed = True
             async with self._held_lock:
@@ -393,7 +403,17 @@ class PostgresStore:
                     held, self._held = self._held, None
                     await self._pool.release(held)
             if self._owns_pool:
-                await self._pool.close()
+                try:
+                    # On a timeout asyncpg's close, cancelled, terminates the pool itself.
+                    await asyncio.wait_for(self._pool.close(), grace)
+                except TimeoutError:
+                    logger.warning(
+                        "closing the store: connections still in use after %gs were "
+                        "terminated (%d of %d idle)",
+                        grace,
+                        self._pool.get_idle_size(),
+                        self._pool.get_size(),
+                    )
 
     async def __aenter__(self) -> Self:
         return self

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from venturi import Context, Outcome, PostgresStore, Task, Worker
 from venturi.flow import rate_limited, without_overlapping
 
-from .worker import Records
+from .worker import Records, dump_tasks_on_sigusr1
 
 
 @dataclass
@@ -91,6 +91,7 @@ async def main(argv: list[str]) -> int:
 
     shutdown = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, shutdown.set)
+    dump_tasks_on_sigusr1()
     store = await TakeRecordingStore.connect(
         args.dsn, prefix=args.prefix, max_size=args.concurrency + 4, connect_timeout=3
     )

@@ -138,10 +138,18 @@ class Fleet:
             try:
                 codes.append(await asyncio.wait_for(p.proc.wait(), grace))
             except TimeoutError:
+                await self._report_stuck(p, grace)
                 p.proc.kill()
                 await p.proc.wait()
                 codes.append(None)
         return codes
+
+    async def _report_stuck(self, p: Proc, grace: float) -> None:
+        """Ask a worker stuck in its shutdown where its tasks are (the test workers dump
+        them on SIGUSR1), and print that with its log: pytest shows it with the failure."""
+        p.proc.send_signal(signal.SIGUSR1)
+        await asyncio.sleep(1.0)  # the dump is written by its event loop, if that still runs
+        print(f"pid {p.pid} still running {grace:.0f}s after SIGTERM:\n{p.stderr()}")
 
     async def close(self) -> None:
         for p in self.procs:

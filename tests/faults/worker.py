@@ -154,6 +154,19 @@ async def swallower(task: Swallower, ctx: Context[None], app: Records) -> Outcom
     return Outcome.completed()
 
 
+def dump_tasks_on_sigusr1() -> None:
+    """On SIGUSR1, print every asyncio task's stack to stderr: the harness asks for it when
+    a worker has not exited long after its SIGTERM, so a hung shutdown says where it hangs."""
+
+    def dump() -> None:
+        for task in asyncio.all_tasks():
+            print(f"--- {task!r}", file=sys.stderr)
+            task.print_stack(file=sys.stderr)
+        sys.stderr.flush()
+
+    asyncio.get_running_loop().add_signal_handler(signal.SIGUSR1, dump)
+
+
 async def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="tests.faults.worker")
     parser.add_argument("--dsn", required=True)
@@ -170,6 +183,7 @@ async def main(argv: list[str]) -> int:
 
     shutdown = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, shutdown.set)
+    dump_tasks_on_sigusr1()
     store = await PostgresStore.connect(
         args.dsn,
         prefix=args.prefix,

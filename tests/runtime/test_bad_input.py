@@ -238,6 +238,33 @@ async def test_closed_store_says_so(pg_dsn: str, prefix: str) -> None:
         await store.stats()
 
 
+async def test_closing_a_store_ends_even_with_a_connection_never_given_back(
+    pg_dsn: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A connection some task holds past the end must not keep a stopping process alive
+    (asyncpg's own close waits for it forever): close terminates it after its timeout."""
+    store = await PostgresStore.connect(pg_dsn, prefix=prefix)
+    leaked = await store._pool.acquire()
+    backend = await leaked.fetchval("SELECT pg_backend_pid()")
+    await asyncio.wait_for(store.close(grace=0.2), 10)
+    with pytest.raises(asyncpg.InterfaceError):
+        await leaked.fetchval("SELECT 1")  # taken from its holder
+    assert "connections still in use after 0.2s were terminated" in caplog.text
+    # The server's side of the connection is gone too, not just the client's.
+    check = await asyncpg.connect(pg_dsn)
+    try:
+        for _ in range(100):
+            alive = await check.fetchval(
+                "SELECT count(*) FROM pg_stat_activity WHERE pid = $1", backend
+            )
+            if not alive:
+                break
+            await asyncio.sleep(0.05)  # the server notices the closed socket on its own
+        assert not alive
+    finally:
+        await check.close()
+
+
 # -- values validated where they are made (issue 11) --------------------------------------
 
 

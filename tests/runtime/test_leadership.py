@@ -152,6 +152,34 @@ async def test_custom_services_run_in_the_leader_only_and_survive_their_own_erro
         assert len(failures) == 2 and all(r.exc_info for r in failures)
 
 
+@dataclass
+class SlowToUnwind:
+    """A service caught in a statement at shutdown, whose cancellation takes a while to
+    unwind (as a statement being cancelled on the server does)."""
+
+    name: str = "slow-to-unwind"
+    interval: float = 60.0
+    inside: asyncio.Event = field(default_factory=asyncio.Event)
+    unwound: bool = False
+
+    async def run_once(self, store: PostgresStore) -> None:
+        self.inside.set()
+        try:
+            await asyncio.Event().wait()  # never set: only the shutdown ends this run
+        finally:
+            await asyncio.sleep(0.2)
+            self.unwound = True
+
+
+async def test_a_stopping_leader_waits_for_its_services_to_unwind(store: PostgresStore) -> None:
+    """The worker returns only after every service task has ended, so none holds a pool
+    connection when the caller closes the store."""
+    service = SlowToUnwind()
+    async with running(make_worker(store, maintenance=[service])):
+        await asyncio.wait_for(service.inside.wait(), 30)
+    assert service.unwound
+
+
 async def _first_to_run(services: list[Counting]) -> Counting:
     waits = {asyncio.ensure_future(s.ran.wait()): s for s in services}
     done, pending = await asyncio.wait(waits, timeout=30, return_when=asyncio.FIRST_COMPLETED)

@@ -43,6 +43,9 @@ class Maintainer:
         self._worker = worker
         self._outage = outage
         self._running: list[asyncio.Task[None]] = []
+        self._cancelled: set[asyncio.Task[None]] = set()
+        """Services of a term that ended, cancelled but perhaps not yet unwound (a statement
+        being cancelled on the server still holds its pool connection)."""
         self.elector = Elector(
             store,
             worker=worker,
@@ -73,15 +76,20 @@ class Maintainer:
         ]
 
     def _deposed(self, term: int, why: str) -> None:
+        self._cancel_running()
+
+    def _cancel_running(self) -> None:
         for task in self._running:
             task.cancel()
+            self._cancelled.add(task)
+            task.add_done_callback(self._cancelled.discard)
         self._running = []
 
     async def _stop_services(self) -> None:
-        running, self._running = self._running, []
-        for task in running:
-            task.cancel()
-        await asyncio.gather(*running, return_exceptions=True)
+        """Cancel the running services and wait until every service task has ended, also
+        those of earlier terms: none may hold a connection once the worker closes its store."""
+        self._cancel_running()
+        await asyncio.gather(*self._cancelled, return_exceptions=True)
 
     async def _serve(self, service: MaintenanceService, term: int) -> None:
         while True:
