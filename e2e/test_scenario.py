@@ -830,8 +830,9 @@ def test_07_workers_drain_the_queue_and_the_pool_goes_to_zero(
     unserved = [s for s in busy if s.replicas == 0]
     assert not unserved, f"the Deployment was at 0 while jobs were claimed: {unserved}"
 
-    # Before the first scale-in the operator marked every pod with the jobs it held: the busy
-    # one costs more than the idle ones, and the ReplicaSet took idle pods.
+    # Before the first scale-in the operator marked every pod with the jobs it held, and
+    # fenced the idle pods it was taking (cost -1, below every other): the busy one costs
+    # more than the idle ones, and the ReplicaSet took the fenced pods.
     assert scale_in, "no scale-in was observed"
     costs = {
         n: p["metadata"].get("annotations", {}).get(DELETION_COST) for n, p in scale_in.items()
@@ -840,7 +841,7 @@ def test_07_workers_drain_the_queue_and_the_pool_goes_to_zero(
     leaving = {n for n, p in scale_in.items() if p["metadata"].get("deletionTimestamp")}
     assert costs.get(busy_pod) == str(LONG), (busy_pod, costs)
     assert busy_pod not in leaving, (busy_pod, costs, leaving)
-    assert all(costs[n] == "0" for n in leaving), (costs, leaving)
+    assert all(costs[n] == "-1" for n in leaving), (costs, leaving)
     after = [s for s in samples if s.at >= drained_sample.at]
     assert any(s.replicas == 1 for s in after), (
         "expected the last replica to be held during the cooldown",

@@ -13,10 +13,11 @@ is the daemon's in ``handlers.jobqueue``: a tick when the JobQueue appears, then
 busy pods held back), or earlier when a NOTIFY wakes it (``cadence.wake_at``, from the
 replicas the last tick decided and when it ran).
 
-``fence=True`` (an ablation: a proposed runtime change, not built) closes the race between the
-read of the claims and the scale: the pods a scale-in would remove are fenced half-way through
-the tick's round trips (from then on they claim nothing, as if the claim refused them), those
-that claimed before the fence are spared, and the rest get the lowest deletion cost.
+The scale-in is fenced, as the operator's (``scalein``, ``Queue.fence_pods``): the pods it
+would remove are fenced half-way through the tick's round trips (from then on they claim
+nothing, as the claim refuses them), those that claimed before the fence are spared, and the
+rest get the lowest deletion cost. ``fence=False`` is the operator before the fence (an
+ablation): costs from one read of the claims, and a moment after it in which a pod may claim.
 """
 
 from __future__ import annotations
@@ -86,11 +87,11 @@ class VenturiOperator:
         name: str = "venturi",
         spare_busy_pods: bool = True,
         retry: bool = True,
-        fence: bool = False,
+        fence: bool = True,
         overrides: Mapping[str, float] | None = None,
     ) -> None:
         self.name = name
-        #: An ablation only (a proposed runtime change): victims fenced before a scale-in.
+        #: Victims fenced before a scale-in, as the operator does (False: an ablation).
         self.fence = fence
         #: An ablation only: the interval after a scale-in busy pods held back, too.
         self.retry = retry
@@ -182,7 +183,7 @@ class VenturiOperator:
     def _fenced_scale_in(
         self, cluster: Cluster, now: float, current: int, replicas: int, costs: dict[str, int]
     ) -> None:
-        """The proposed fence: the victims (starting pods first, as the ReplicaSet takes them,
+        """The fence: the victims (starting pods first, as the ReplicaSet takes them,
         then idle ready ones) are recorded half-way through the tick's round trips, and from
         then claim nothing; a victim that claimed before the record is seen by the re-read
         after it and spared; the fenced idle ones get the lowest deletion cost, and the

@@ -16,7 +16,6 @@ from bench.autoscale.variants import (
     CLAIRVOYANT,
     CLAIRVOYANT_SPARED,
     EIGHTHS,
-    FENCED,
     LONG_HOLD,
     NO_RETRY,
     NO_SPARE,
@@ -24,6 +23,7 @@ from bench.autoscale.variants import (
     PACKED,
     POLICIES,
     SHORT_HOLD,
+    UNFENCED,
     fewer_on,
     shorted_eighths,
 )
@@ -285,9 +285,9 @@ def render(
         "interval after a scale-in that busy pods held back, as before, not 2 s); "
         f"*{SHORT_HOLD}* (no bridging of "
         f"frequent bursts); *{LONG_HOLD}* (bridging whatever the bursts); *{NO_TREND}* (the "
-        f"arrival rate without its trend); *{FENCED}* (a proposed runtime change, not built: "
-        "the pods a scale-in would remove are fenced first, and claim nothing from then on; "
-        "see the scale-in race below); and a *clairvoyant* that knows the trace's arrival "
+        f"arrival rate without its trend); *{UNFENCED}* (the scale-in as before its fence: costs "
+        "from one read of the claims, and a moment after it in which a victim may claim; see "
+        "the scale-in race below); and a *clairvoyant* that knows the trace's arrival "
         "rate (the bounds below).",
         "",
     ]
@@ -539,15 +539,15 @@ def _bursty(
     ]
 
 
-def _fenced(runs: Sequence[RunLike], other_runs: Sequence[RunLike]) -> str:
-    """What the fenced scale-in changes, over every seed the run has it on."""
+def _unfenced(runs: Sequence[RunLike], other_runs: Sequence[RunLike]) -> str:
+    """What the fence changes, over every seed the run has the unfenced scale-in on."""
     every = [*runs, *other_runs]
-    fenced = [r for r in every if r.policy == FENCED]
-    if not fenced:
+    unfenced = [r for r in every if r.policy == UNFENCED]
+    if not unfenced:
         return ""
-    seeds = sorted({r.seed for r in fenced})
-    both = {(r.trace, r.seed) for r in fenced}
-    plain = [r for r in every if r.policy == "venturi" and (r.trace, r.seed) in both]
+    seeds = sorted({r.seed for r in unfenced})
+    both = {(r.trace, r.seed) for r in unfenced}
+    fenced = [r for r in every if r.policy == "venturi" and (r.trace, r.seed) in both]
 
     def hurt(rs: Sequence[RunLike]) -> int:
         return sum(r.metrics.rerun + r.metrics.killed for r in rs)
@@ -556,12 +556,14 @@ def _fenced(runs: Sequence[RunLike], other_runs: Sequence[RunLike]) -> str:
         values = [r.metrics.replica_seconds for r in rs if r.trace == trace]
         return statistics.median(values) if values else 0.0
 
-    traces = sorted({r.trace for r in fenced})
-    costs = "; ".join(f"{t} {cost(fenced, t):,.0f} against {cost(plain, t):,.0f}" for t in traces)
+    traces = sorted({r.trace for r in unfenced})
+    costs = "; ".join(
+        f"{t} {cost(fenced, t):,.0f} against {cost(unfenced, t):,.0f}" for t in traces
+    )
     return (
         f"Over seeds {seeds[0]}-{seeds[-1]} and every trace: {hurt(fenced)} jobs interrupted "
-        f"by a scale-in with it, {hurt(plain)} without; replica-seconds (medians over those "
-        f"seeds), {costs}."
+        f"by a scale-in with the fence, {hurt(unfenced)} without; replica-seconds (medians "
+        f"over those seeds), {costs}."
     )
 
 
@@ -715,26 +717,20 @@ def _analysis(
         first += f" (on the other seeds, jobs interrupted: {'; '.join(elsewhere)})"
     out += [
         "",
-        f"{first}: the operator never scales in below the pods that hold jobs, and gives the "
-        "idle ones the lowest deletion cost. A pod can claim a job between the operator's read "
-        "and the ReplicaSet's deletion (50 ms in the model); the drain (`shutdown_timeout` "
-        "within the grace period) then finishes that job unless it runs longer than 30 s. "
-        "That race is the one way a scale-in interrupts a job here, once in many hundred "
-        "scale-ins (looking for idle pods every 2 s makes more scale-ins of one pod each); on "
-        "a real cluster the read, the patches and the kubelet's SIGTERM take longer than 50 "
-        "ms, and it is likelier. No policy that scales in while jobs arrive, at random, to "
-        "pods that may be removed, avoids it; workers that pack their claims (below) make it "
-        "rarer, a `shutdown_timeout` above the longest job removes it. What closes the window "
-        "is a fence in the database, not in Kubernetes: the operator records the pods it means "
-        "to remove, the claim refuses a job to a pod so recorded (the record and each claim "
-        "serialized per pod, e.g. by an advisory lock, so that a claim either commits before "
-        "the record or sees it), and the operator re-reads those pods' claims after recording "
-        "them and scales in only by those that hold none, given the lowest deletion cost (a "
-        "claim that raced the record is seen, and its pod spared; a record older than a few "
-        "seconds is ignored, so a crashed operator fences no pod for long). The simulator "
-        f"models it as *{FENCED}*: the record lands half-way through the tick's round trips. "
-        f"{_fenced(runs, other_runs)} It needs a new version of the claim function and a "
-        "migration: not built in the runtime.",
+        f"{first}: the operator never scales in below the pods that hold jobs, and fences "
+        "the idle pods it takes before the scale. Without the fence a pod can claim a job "
+        "between the operator's read of the claims and the ReplicaSet's deletion (50 ms in "
+        "the model; longer on a real cluster, where the read, the patches and the kubelet's "
+        "SIGTERM take more), and the drain (`shutdown_timeout` within the grace period) then "
+        "finishes that job unless it runs longer than 30 s: once in many hundred scale-ins "
+        "here. The fence is in the database (`Queue.fence_pods`, migration 18): the operator "
+        "records the pods it means to remove; each claim of a pod takes that pod's lock "
+        "shared and a fence takes it exclusively, so a claim either commits before the fence "
+        "or sees it and claims nothing; the operator reads those pods' claims again after the "
+        "fence and scales in only by those that hold none, given a deletion cost of -1 (a "
+        "claim that raced the fence is seen, and its pod kept). The simulator records the "
+        "fence half-way through the tick's round trips; "
+        f"*{UNFENCED}* is the scale-in without it. {_unfenced(runs, other_runs)}",
         "",
         "*Packed placement* is what a worker change would buy: the workers' claim after a "
         "NOTIFY waits in proportion to its free slots (for example 100 ms times the free "

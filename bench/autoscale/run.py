@@ -37,13 +37,13 @@ from bench.autoscale.traces import (
 from bench.autoscale.variants import (
     CLAIRVOYANT,
     EIGHTHS,
-    FENCED,
     HELD_OUT,
     HELD_OUT_ABLATIONS,
     NO_RETRY,
     NO_SPARE,
     OVERRIDES,
     PACKED,
+    UNFENCED,
     fewer_on,
     policies_for,
     shorted,
@@ -98,12 +98,12 @@ def autoscaler(policy: str, trace: Trace, seed: int) -> tuple[Autoscaler, int]:
     """The autoscaler and the Deployment's replicas at the start."""
     if policy in ("venturi", PACKED):
         return VenturiOperator(name=policy), 0
+    if policy == UNFENCED:
+        return VenturiOperator(name=policy, fence=False), 0
     if policy == NO_SPARE:
         return VenturiOperator(name=policy, spare_busy_pods=False), 0
     if policy == NO_RETRY:
         return VenturiOperator(name=policy, retry=False), 0
-    if policy == FENCED:
-        return VenturiOperator(name=policy, fence=True), 0
     if policy in OVERRIDES:
         return VenturiOperator(name=policy, overrides=OVERRIDES[policy]), 0
     if policy.startswith(CLAIRVOYANT):

@@ -18,12 +18,13 @@ SHORT_HOLD = "venturi, 300 s hold only"
 LONG_HOLD = "venturi, 900 s hold always"
 NO_TREND = "venturi, no trend"
 NO_RETRY = "venturi, interval after a held-back scale-in"
-#: A proposed runtime change, not built: the claim refuses jobs to the pods a scale-in fenced.
-FENCED = "venturi, fenced scale-in"
-ABLATIONS = (NO_SPARE, PACKED, NO_RETRY, SHORT_HOLD, LONG_HOLD, NO_TREND, FENCED)
+#: The scale-in without its fence (the operator before migration 18): victims picked from a
+#: read of the claims, with a moment between that read and the scale in which one may claim.
+UNFENCED = "venturi, unfenced scale-in"
+ABLATIONS = (NO_SPARE, PACKED, NO_RETRY, SHORT_HOLD, LONG_HOLD, NO_TREND, UNFENCED)
 #: The ablations repeated on the held-out seeds too (what they say about interruptions needs
 #: every seed).
-HELD_OUT_ABLATIONS = (FENCED,)
+HELD_OUT_ABLATIONS = (UNFENCED,)
 #: Policy constants each ablation replaces while ``decide`` runs.
 OVERRIDES: dict[str, dict[str, float]] = {
     SHORT_HOLD: {"BRIDGE_SECONDS": 0.0},

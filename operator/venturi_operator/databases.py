@@ -19,7 +19,7 @@ import asyncio
 import errno
 import logging
 import re
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from venturi import PostgresStore, Queue, Stats, WorkerInfo
 from venturi_operator.config import OperatorConfig
@@ -106,6 +106,40 @@ class Databases:
             ) from None
         except Exception as exc:  # asyncpg raises many types; each means "no claims this tick"
             raise DatabaseError("QueryFailed", f"reading claims per pod failed: {exc}") from None
+
+    async def fence_pods(self, dsn: str, prefix: str, pods: list[str], ttl: float) -> None:
+        """Stop `pods` claiming for `ttl` seconds (`Queue.fence_pods`), bounded like `stats`:
+        when this returns, their claims in flight have committed."""
+        await self._bounded(
+            dsn,
+            lambda queue: queue.fence_pods(pods, ttl=ttl),
+            f"fencing pods {', '.join(pods)}",
+            prefix=prefix,
+        )
+
+    async def unfence_pods(self, dsn: str, prefix: str, pods: list[str]) -> None:
+        """Let `pods` claim again (`Queue.unfence_pods`), bounded like `stats`."""
+        await self._bounded(
+            dsn,
+            lambda queue: queue.unfence_pods(pods),
+            f"unfencing pods {', '.join(pods)}",
+            prefix=prefix,
+        )
+
+    async def _bounded(
+        self, dsn: str, call: Callable[[Queue], Awaitable[None]], what: str, *, prefix: str
+    ) -> None:
+        store = await self._store(dsn)
+        try:
+            await asyncio.wait_for(
+                call(Queue(store.with_prefix(prefix))), self._config.statement_timeout + 1
+            )
+        except TimeoutError:
+            raise DatabaseError(
+                "QueryTimeout", f"{what} took longer than {self._config.statement_timeout}s"
+            ) from None
+        except Exception as exc:  # asyncpg raises many types; each means "not done this tick"
+            raise DatabaseError("QueryFailed", f"{what} failed: {exc}") from None
 
     async def workers(self, dsn: str, prefix: str) -> list[WorkerInfo]:
         """The worker registry's rows (live or not), bounded like `stats`."""

@@ -38,6 +38,14 @@ class KubeError(Exception):
 
 
 @dataclass(frozen=True, kw_only=True)
+class PodState:
+    cost: str | None
+    """Its pod-deletion-cost annotation (None when unset)."""
+    ready: bool
+    """Its Ready condition is True (the ReplicaSet removes pods that are not ready first)."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class DeploymentState:
     replicas: int
     """spec.replicas (what the operator scales)."""
@@ -140,16 +148,16 @@ class Kube:
         body = json.dumps(plain, sort_keys=True)
         return hashlib.sha256(body.encode()).hexdigest()[:16]
 
-    async def pods(self, namespace: str, selector: str) -> dict[str, str | None]:
+    async def pods(self, namespace: str, selector: str) -> dict[str, PodState]:
         """The pods a selector matches that are neither terminating nor finished, each with
-        its pod-deletion-cost annotation (None when unset)."""
+        its pod-deletion-cost annotation and readiness."""
         try:
             pods = await asyncio.to_thread(
                 self._core.list_namespaced_pod, namespace, label_selector=selector
             )
         except ApiException as exc:
             raise _error(exc, f"listing pods {selector} in {namespace}") from None
-        found: dict[str, str | None] = {}
+        found: dict[str, PodState] = {}
         for pod in pods.items:
             meta = pod.metadata
             phase = pod.status.phase if pod.status is not None else None
@@ -157,7 +165,11 @@ class Kube:
                 continue
             if phase in ("Succeeded", "Failed"):
                 continue
-            found[meta.name] = (meta.annotations or {}).get(DELETION_COST)
+            conditions = (pod.status.conditions if pod.status is not None else None) or []
+            found[meta.name] = PodState(
+                cost=(meta.annotations or {}).get(DELETION_COST),
+                ready=any(c.type == "Ready" and c.status == "True" for c in conditions),
+            )
         return found
 
     async def set_deletion_cost(self, namespace: str, name: str, cost: int) -> None:

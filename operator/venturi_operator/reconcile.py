@@ -12,7 +12,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -64,6 +64,8 @@ class _Memory:
     """What each pool's workers were last seen to serve (serving.pool_coverage)."""
     unserved_said: str | None = None
     """The UnservedKinds message last posted as an Event (posted again only when it changes)."""
+    fenced: dict[str, tuple[float, list[str]]] = field(default_factory=dict)
+    """Each pool's pods fenced at its last scale-in, and when (lifted FENCE_SETTLE later)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -390,9 +392,12 @@ class Reconciler:
         (an Event and a metric), and remember the history; returns (current, decision).
 
         Before a scale-in, the pods' deletion costs are set from the jobs each holds, and the
-        policy decides again knowing how many pods are busy (it never scales in below them)."""
+        policy decides again knowing how many pods are busy (it never scales in below them);
+        the pods it takes are fenced first (see `scalein`)."""
         current = deployment.replicas
         history = memory.histories.get(pool.deployment, policy.History())
+        if queue is not None:
+            await self._lift_fences(namespace, pool.deployment, memory, now, *queue)
 
         def decide(busy: int | None) -> policy.Decision:
             return policy.decide(
@@ -408,9 +413,11 @@ class Reconciler:
 
         decision = decide(None)
         if decision.replicas < current and queue is not None and deployment.selector:
-            busy = await self._mark_pods(namespace, deployment.selector, *queue)
-            if busy is not None:
-                decision = decide(busy)
+            decision, fenced = await self._prepare_scale_in(
+                namespace, deployment.selector, current, decision, decide, *queue
+            )
+            if fenced:
+                memory.fenced[pool.deployment] = (now, fenced)
         if decision.replicas != current:
             await self.kube.scale(namespace, pool.deployment, decision.replicas)
             direction = "up" if decision.replicas > current else "down"
@@ -504,24 +511,93 @@ class Reconciler:
             memory.coverage[pool.deployment] = coverage
         return coverage
 
-    async def _mark_pods(self, namespace: str, selector: str, dsn: str, prefix: str) -> int | None:
-        """Set each pod's deletion cost to the jobs it holds; the busy pods, or None when the
-        pods or the claims cannot be read (the scale-in then goes ahead unspared, as before)."""
+    async def _prepare_scale_in(
+        self,
+        namespace: str,
+        selector: str,
+        current: int,
+        decision: policy.Decision,
+        decide: Callable[[int | None], policy.Decision],
+        dsn: str,
+        prefix: str,
+    ) -> tuple[policy.Decision, list[str]]:
+        """Mark the pods for a scale-in and fence the ones it takes (see `scalein`): the
+        decision, made again knowing the busy pods, and the pods fenced. When the pods or the
+        claims cannot be read the scale-in goes ahead unspared, as `decision` says; when the
+        fence cannot be written (a schema before migration 18), spared by deletion cost only."""
         try:
             pods = await self.kube.pods(namespace, selector)
             claimed = await self.databases.claimed_by_pod(dsn, prefix)
-            costs = scalein.deletion_costs(pods, claimed)
-            for pod, cost in scalein.stale_costs(pods, costs).items():
-                await self.kube.set_deletion_cost(namespace, pod, cost)
         except (KubeError, DatabaseError) as exc:
+            self._cannot_mark(namespace, exc)
+            return decision, []
+        costs = scalein.deletion_costs(pods, claimed)
+        decision = decide(scalein.busy_pods(costs))
+        unready = {name for name, pod in pods.items() if not pod.ready}
+        chosen = scalein.victims(costs, current - decision.replicas, unready=unready)
+        fenced: list[str] = []
+        if chosen:
+            try:
+                await self.databases.fence_pods(dsn, prefix, chosen, scalein.FENCE_TTL)
+                claimed = await self.databases.claimed_by_pod(dsn, prefix)
+            except DatabaseError as exc:
+                logger.warning(
+                    "%s: cannot fence the pods a scale-in takes (%s); sparing busy pods by "
+                    "their deletion cost only",
+                    namespace,
+                    exc,
+                    extra={"namespace": namespace},
+                )
+            else:
+                fenced, turned = scalein.still_idle(chosen, claimed)
+                if turned:
+                    # Claimed a job just before the fence: kept, and free to claim again.
+                    await self._unfence(namespace, dsn, prefix, turned)
+                    costs = scalein.deletion_costs(pods, claimed)
+                    decision = decide(scalein.busy_pods(costs))
+                if current - decision.replicas > len(fenced):
+                    decision = replace(decision, replicas=current - len(fenced))
+                costs |= dict.fromkeys(fenced, scalein.FENCED_COST)
+        try:
+            annotated = {name: pod.cost for name, pod in pods.items()}
+            for name, cost in scalein.stale_costs(annotated, costs).items():
+                await self.kube.set_deletion_cost(namespace, name, cost)
+        except KubeError as exc:
+            self._cannot_mark(namespace, exc)
+        return decision, fenced
+
+    def _cannot_mark(self, namespace: str, exc: Exception) -> None:
+        logger.warning(
+            "%s: cannot mark idle pods before a scale-in: %s",
+            namespace,
+            exc,
+            extra={"namespace": namespace},
+        )
+
+    async def _lift_fences(
+        self, namespace: str, deployment: str, memory: _Memory, now: float, dsn: str, prefix: str
+    ) -> None:
+        """Lift the fences of a pool's last scale-in once the ReplicaSet has acted on it."""
+        fenced = memory.fenced.get(deployment)
+        if fenced is None or now - fenced[0] < scalein.FENCE_SETTLE:
+            return
+        if await self._unfence(namespace, dsn, prefix, fenced[1]):
+            del memory.fenced[deployment]
+
+    async def _unfence(self, namespace: str, dsn: str, prefix: str, pods: list[str]) -> bool:
+        try:
+            await self.databases.unfence_pods(dsn, prefix, pods)
+        except DatabaseError as exc:
             logger.warning(
-                "%s: cannot mark idle pods before a scale-in: %s",
+                "%s: cannot lift the fences of pods %s (%s): they lapse within %.0fs",
                 namespace,
+                ", ".join(pods),
                 exc,
+                scalein.FENCE_TTL,
                 extra={"namespace": namespace},
             )
-            return None
-        return scalein.busy_pods(costs)
+            return False
+        return True
 
 
 def _registration(worker: WorkerInfo) -> serving.Registration:

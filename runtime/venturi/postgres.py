@@ -1335,6 +1335,22 @@ class PostgresStore:
         rows = await self._run.fetch(self._q["claimed_by_pod"])
         return {r["claimed_pod"]: r["n"] for r in rows}
 
+    @_schema_required
+    async def fence_pods(self, pods: Sequence[str], ttl_s: float) -> None:
+        """Fence `pods` for `ttl_s` seconds: once this returns, their claims in flight have
+        committed and they claim nothing more (see `queries/fences.sql`)."""
+        await self._run.execute(self._q["fences_set"], pods=list(pods), ttl_s=ttl_s)
+
+    @_schema_required
+    async def unfence_pods(self, pods: Sequence[str]) -> None:
+        """Lift the fences of `pods` (and forget the expired ones)."""
+        await self._run.execute(self._q["fences_clear"], pods=list(pods))
+
+    @_schema_required
+    async def fenced_pods(self) -> list[str]:
+        """The pods fenced now, by name."""
+        return [r["pod"] for r in await self._run.fetch(self._q["fences_list"])]
+
     # -- failed jobs -----------------------------------------------------------------
 
     @_schema_required

@@ -75,6 +75,13 @@ _HOOKS = (
 )
 _NORMAL = int(Priority.NORMAL)
 
+FENCE_TTL = 30.0
+"""Seconds a scale-in fence holds by default: long enough for the ReplicaSet to delete the
+pod (and the worker, SIGTERMed, stops claiming by itself); short enough that a pod the
+ReplicaSet spared after all is not kept idle for long."""
+POD_NAME_MAX = 253
+"""A Kubernetes pod name is a DNS subdomain: at most 253 characters."""
+
 
 def _kind(task_type: type[Any]) -> str:
     return _KINDS.get(task_type) or _KINDS.setdefault(task_type, kind_of(task_type))
@@ -734,6 +741,24 @@ class Queue:
         claimed outside Kubernetes are not counted. The operator spares busy pods with it."""
         return await self.store.claimed_by_pod()
 
+    async def fence_pods(self, pods: Iterable[str], *, ttl: Seconds = FENCE_TTL) -> None:
+        """Stop `pods` claiming, for `ttl` seconds (30 s by default) or until `unfence_pods`:
+        when this returns, every claim those pods had in flight has committed (and shows in
+        `claimed_by_pod`), and their workers claim nothing more; what they hold runs on. The
+        operator fences the pods it is about to scale in. Workers outside Kubernetes have no
+        pod, and are never fenced."""
+        names = _pod_names(pods)
+        if names:
+            await self.store.fence_pods(names, to_seconds(ttl, name="ttl", low=1, high=86400))
+
+    async def unfence_pods(self, pods: Iterable[str]) -> None:
+        """Let `pods` claim again (fences past their ttl are forgotten too)."""
+        await self.store.unfence_pods(_pod_names(pods))
+
+    async def fenced_pods(self) -> list[str]:
+        """The pods fenced now, by name."""
+        return await self.store.fenced_pods()
+
     async def workers(self) -> list[WorkerInfo]:
         """The workers of this store's prefix (every queue), oldest first: what each serves,
         and when it was last heard from (`WorkerInfo.live`)."""
@@ -820,6 +845,20 @@ class Queue:
 
 RETRY_NOTE = "retried by hand"
 """The note of the `retried` journal entry `Queue.retry` and `retry_all` write."""
+
+
+def _pod_names(pods: Iterable[str]) -> list[str]:
+    if isinstance(pods, str):
+        raise TypeError(f"pods: expected pod names (an iterable of str), got the str {pods!r:.80}")
+    names = list(pods)
+    for name in names:
+        if not isinstance(name, str):
+            raise TypeError(f"pods: expected pod names (str), got {name!r:.80}")
+        if not 1 <= len(name) <= POD_NAME_MAX or "\x00" in name:
+            raise ValueError(
+                f"pods: invalid pod name {name!r:.80}: expected 1-{POD_NAME_MAX} characters"
+            )
+    return names
 
 
 def _retry_note(note: str | None) -> str:

@@ -14,7 +14,7 @@ from bench.autoscale.model import DRAINING, Cluster, Placement, WorkerSpec
 from bench.autoscale.policies import Clairvoyant, Static, VenturiOperator
 from bench.autoscale.run import one
 from bench.autoscale.traces import FULL_DURATION, Insert, Trace, constant, step
-from bench.autoscale.variants import FENCED, fewer_on, shorted, shorted_eighths
+from bench.autoscale.variants import UNFENCED, fewer_on, shorted, shorted_eighths
 
 WORKER = WorkerSpec()
 
@@ -144,8 +144,8 @@ def test_a_fenced_scale_in_closes_the_race_of_a_claim_and_a_deletion() -> None:
     """Step, seed 8: a pod claims a long job in the 50 ms between the operator's read of the
     claims and the scale, is removed, and the job is re-run at the end of the drain. With the
     pods fenced before the scale (and their claims read again after), none is."""
-    plain = one(("step", 8, "venturi", FULL_DURATION)).metrics
-    fenced = one(("step", 8, FENCED, FULL_DURATION)).metrics
+    plain = one(("step", 8, UNFENCED, FULL_DURATION)).metrics
+    fenced = one(("step", 8, "venturi", FULL_DURATION)).metrics
     assert (plain.rerun, plain.killed) == (1, 0)
     assert (fenced.rerun, fenced.killed) == (0, 0)
 

@@ -3,7 +3,14 @@
 from __future__ import annotations
 
 from venturi_operator.cadence import BURST_WAKE_SECONDS, SPARED_RETRY_SECONDS, next_wait, wake_at
-from venturi_operator.scalein import busy_pods, deletion_costs, stale_costs
+from venturi_operator.scalein import (
+    FENCED_COST,
+    busy_pods,
+    deletion_costs,
+    stale_costs,
+    still_idle,
+    victims,
+)
 
 
 def test_a_pool_at_zero_wakes_at_once() -> None:
@@ -37,3 +44,18 @@ def test_only_costs_that_changed_are_patched() -> None:
     costs = {"a": 0, "b": 3, "c": 0, "d": 1, "e": 0}
     annotated = {"a": None, "b": "3", "c": "5", "d": None, "e": "0"}
     assert stale_costs(annotated, costs) == {"a": 0, "c": 0, "d": 1}
+
+
+def test_a_scale_in_takes_idle_pods_only_in_a_fixed_order() -> None:
+    costs = {"d": 0, "b": 2, "a": 0, "c": 0}
+    assert victims(costs, 2) == ["a", "c"]
+    assert victims(costs, 9) == ["a", "c", "d"]  # never a busy pod
+    assert victims(costs, 0) == [] and victims(costs, -1) == []
+    # Pods that are not ready first: the ReplicaSet removes them before any other.
+    assert victims(costs, 2, unready={"d", "b"}) == ["d", "a"]
+
+
+def test_a_victim_that_claimed_before_its_fence_is_kept() -> None:
+    assert still_idle(["a", "c", "d"], {"c": 1, "b": 4}) == (["a", "d"], ["c"])
+    assert still_idle([], {"c": 1}) == ([], [])
+    assert FENCED_COST < 0  # below an idle pod's 0: the ReplicaSet takes the fenced pods

@@ -16,6 +16,7 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
+import asyncpg
 import pytest
 from kube_harness import (
     DEPLOYMENTS,
@@ -28,6 +29,7 @@ from kube_harness import (
 )
 
 from venturi import Context, Outcome, PostgresStore, Queue, Task, Worker, WorkerIdentity
+from venturi_operator import scalein
 from venturi_operator import status as status_conditions
 from venturi_operator.__main__ import JsonFormatter as OperatorJsonFormatter
 from venturi_operator.__main__ import Logging, parse_args
@@ -35,7 +37,7 @@ from venturi_operator.cadence import BURST_WAKE_SECONDS
 from venturi_operator.config import OperatorConfig
 from venturi_operator.databases import Databases
 from venturi_operator.handlers import build_registry
-from venturi_operator.kube import SCALE_ANNOTATION, Kube
+from venturi_operator.kube import SCALE_ANNOTATION, Kube, PodState
 from venturi_operator.metrics import OperatorMetrics
 from venturi_operator.reconcile import Reconciler, TickResult
 
@@ -770,11 +772,24 @@ async def claim_for(store: PostgresStore, pod: str, n: int) -> None:
     )
 
 
+async def until_fenced(store: PostgresStore, pods: list[str]) -> None:
+    """Poll the database (the operator writes fences there; nothing here to await)."""
+    queue = Queue(store)
+    for _ in range(int(TIMEOUT / 0.05)):
+        if await queue.fenced_pods() == pods:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"fenced pods never became {pods}: {await queue.fenced_pods()}")
+
+
 async def test_a_scale_in_marks_idle_pods_and_spares_busy_ones(
-    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Three pods; two hold jobs. The load wants one replica: the operator sets the pods'
-    deletion costs to the jobs each holds and scales in by the one idle pod only."""
+    deletion costs to the jobs each holds, fences the idle pod (cost -1, below the others'),
+    and scales in by that pod only. Once the ReplicaSet has had its time, the fence is
+    lifted (here at the next tick: FENCE_SETTLE set to 0)."""
+    monkeypatch.setattr(scalein, "FENCE_SETTLE", 0.0)
     await Queue(store).enqueue_many(Mail() for _ in range(3))
     await claim_for(store, "mailer-a", 2)
     await claim_for(store, "mailer-b", 1)
@@ -791,7 +806,7 @@ async def test_a_scale_in_marks_idle_pods_and_spares_busy_ones(
             p: kube.get(PODS, NS, p)["metadata"]["annotations"].get(COST)
             for p in ("mailer-a", "mailer-b", "mailer-c")
         }
-        assert costs == {"mailer-a": "2", "mailer-b": "1", "mailer-c": "0"}
+        assert costs == {"mailer-a": "2", "mailer-b": "1", "mailer-c": "-1"}
         assert COST not in kube.get(PODS, NS, "other")["metadata"].get("annotations", {})
         jq = await kube.wait_for(
             JOBQUEUES,
@@ -805,6 +820,86 @@ async def test_a_scale_in_marks_idle_pods_and_spares_busy_ones(
         )
         assert "2 pods hold jobs" in jq["status"]["pools"][0]["message"]
         assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 2
+        # The scale-in's fence, lifted at a later tick (kmock has no ReplicaSet: mailer-c
+        # is still there, and may claim again).
+        await until_fenced(store, [])
+
+
+async def test_pods_are_listed_with_their_cost_and_readiness(kube: KubeHarness) -> None:
+    """What a scale-in's choice reads: terminating and finished pods are left out, and a pod
+    is ready only when its Ready condition is True."""
+    kube.pod(NS, "starting", labels={"app": "mailer"}, annotations={COST: "3"})
+    kube.pod(NS, "done", labels={"app": "mailer"}, phase="Succeeded")
+    for name, ready in (("up", "True"), ("probing", "False")):
+        kube.create(
+            {
+                "apiVersion": "v1",
+                "kind": "Pod",
+                "metadata": {"name": name, "namespace": NS, "labels": {"app": "mailer"}},
+                "spec": {"containers": [{"name": "worker", "image": "venturi-worker:test"}]},
+                "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": ready}]},
+            }
+        )
+    with kube.api_client() as api:
+        pods = await Kube(api).pods(NS, "app=mailer")
+    assert pods == {
+        "starting": PodState(cost="3", ready=False),
+        "up": PodState(cost=None, ready=True),
+        "probing": PodState(cost=None, ready=False),
+    }
+
+
+async def test_a_pod_that_claims_a_job_as_it_is_fenced_is_kept(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    """The race the fence closes: the idle pod a scale-in would take claims a job in the
+    moment before its fence (here: the claim commits just before the fence is written). The
+    operator reads the claims again after the fence, keeps that pod, lifts its fence, and
+    scales in by no pod it has not fenced."""
+    await Queue(store).enqueue_many(Mail() for _ in range(4))
+    await claim_for(store, "mailer-a", 2)
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=2)
+    for pod in ("mailer-a", "mailer-b"):
+        kube.pod(NS, pod, labels={"app": "mailer"})
+    kube.jobqueue(NS, "mail", spec(store.prefix) | {"interval": 300})
+
+    async with operator(kube) as reconciler:
+        fence = reconciler.databases.fence_pods
+        raced: list[list[str]] = []
+
+        async def claimed_first(dsn: str, prefix: str, pods: list[str], ttl: float) -> None:
+            if not raced:
+                # A claim in flight, committed first (on the operator's own event loop).
+                conn = await asyncpg.connect(pg_dsn)
+                try:
+                    await conn.execute(
+                        f"UPDATE {prefix}_jobs SET status = 'claimed', claimed_pod = $1, "
+                        "lease_until = now() + interval '1h' WHERE id = (SELECT id FROM "
+                        f"{prefix}_jobs WHERE status = 'pending' LIMIT 1)",
+                        pods[0],
+                    )
+                finally:
+                    await conn.close()
+            raced.append(list(pods))
+            await fence(dsn, prefix, pods, ttl)
+
+        reconciler.databases.fence_pods = claimed_first  # type: ignore[method-assign]
+        held = asyncio.Event()
+        tick = reconciler.tick
+
+        async def counted(*args: Any, **kwargs: Any) -> TickResult:
+            result = await tick(*args, **kwargs)
+            if raced and result.spared:
+                held.set()
+            return result
+
+        reconciler.tick = counted  # type: ignore[method-assign]
+        await asyncio.wait_for(held.wait(), TIMEOUT)
+        assert raced[0] == ["mailer-b"]
+        assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 2
+        assert await Queue(store).fenced_pods() == []
+        assert kube.get(PODS, NS, "mailer-b")["metadata"]["annotations"].get(COST) == "1"
 
 
 async def test_a_scale_in_held_back_by_busy_pods_looks_again_within_seconds(
@@ -847,7 +942,7 @@ async def test_a_scale_in_held_back_by_busy_pods_looks_again_within_seconds(
             p: kube.get(PODS, NS, p)["metadata"]["annotations"].get(COST)
             for p in ("mailer-a", "mailer-b")
         }
-        assert costs == {"mailer-a": "1", "mailer-b": "0"}
+        assert costs == {"mailer-a": "1", "mailer-b": "-1"}  # mailer-b fenced, then taken
 
 
 @asynccontextmanager

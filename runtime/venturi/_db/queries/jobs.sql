@@ -66,7 +66,7 @@ SELECT c.id, c.kind, c.queue, c.payload, c.carry, c.run_count, c.failures, c.cla
        CASE WHEN :traced::bool THEN
            (SELECT j.trace_context FROM {prefix}_jobs AS j WHERE j.id = c.id) END
            AS trace_context
-FROM {prefix}_claim_v5(:queues, :kinds, :skip_kinds, :n, :reserved_low, :reserved_normal,
+FROM {prefix}_claim_v6(:queues, :kinds, :skip_kinds, :n, :reserved_low, :reserved_normal,
                        :worker, :pod, :default_lease_s, :held_lease_s, :channel) AS c;
 
 -- job_settle_many --
