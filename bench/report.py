@@ -16,6 +16,7 @@ from typing import Any
 from bench.harness import Summary, summarize
 
 VENTURI = "venturi"
+BASE = "venturi-base"
 
 
 @dataclass(frozen=True)
@@ -251,6 +252,8 @@ def _scenario_table(res: Results, section: Section) -> list[str]:
         lines.append(f"| {system} | " + " | ".join(cells) + " |")
     if VENTURI in res.systems() and res.peers():
         lines.append(_peer_ratio_row(res, section))
+    if VENTURI in res.systems() and BASE in res.systems():
+        lines.append(_base_ratio_row(res, section))
     if section.scenario.startswith("drain_"):
         lines += _ceiling_row(res, section)
     if section.scenario == "enqueue_sequential":
@@ -270,6 +273,17 @@ def _peer_ratio_row(res: Results, section: Section) -> str:
         r = ratio(res.median(section.scenario, VENTURI, m.key), best[1] if best else None)
         cells.append(f"{fmt_ratio(r)} ({best[0]})" if r is not None and best else "—")
     return "| **venturi / best peer** | " + " | ".join(cells) + " |"
+
+
+def _base_ratio_row(res: Results, section: Section) -> str:
+    """venturi against itself at the base commit (`--venturi-base`), metric by metric."""
+    cells = []
+    for m in section.metrics:
+        r = ratio(
+            res.median(section.scenario, VENTURI, m.key), res.median(section.scenario, BASE, m.key)
+        )
+        cells.append(fmt_ratio(r) if r is not None else "—")
+    return "| **venturi / venturi-base** | " + " | ".join(cells) + " |"
 
 
 def _ceiling_row(res: Results, section: Section) -> list[str]:
@@ -466,6 +480,14 @@ SETUP: dict[str, str] = {
 def _setup(res: Results) -> list[str]:
     lines = ["## How each system is set up", ""]
     lines += [f"- **{system}**: {SETUP[system]}" for system in res.systems() if system in SETUP]
+    base = res.raw["meta"].get("venturi_base")
+    if base is not None and BASE in res.systems():
+        lines.append(
+            f"- **{BASE}**: the same adapter and settings as venturi, on venturi built from "
+            f"commit {base} (`--venturi-base`), measured interleaved with the rest of this "
+            "run: the before of a before/after. Not a peer: the ratios to the best peer and "
+            "the targets leave it out."
+        )
     return [*lines, ""]
 
 
@@ -485,6 +507,7 @@ def _environment(raw: dict[str, Any]) -> list[str]:
         "- PostgreSQL settings: "
         + ", ".join(f"`{k}={v}`" for k, v in pg.get("settings", {}).items()),
         f"- venturi commit: {meta.get('git', '?')}",
+        *([f"- venturi-base commit: {meta['venturi_base']}"] if "venturi_base" in meta else []),
         f"- Python: {meta.get('versions', {}).get('python', '?')}",
     ]
     for system, versions in meta.get("versions", {}).items():

@@ -30,7 +30,7 @@ from bench.pg import PrivateServer, find_bindir
 from bench.processes import ControlProcess, SystemEnv
 from bench.redis_server import PrivateRedis
 from bench.scenarios import Outcome, Plan, Runner
-from bench.systems import SYSTEMS
+from bench.systems import BASE, SYSTEMS
 
 REPO = Path(__file__).resolve().parent.parent
 BENCH = REPO / "bench"
@@ -75,6 +75,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="build venturi from the committed HEAD (default) or the working tree",
     )
     parser.add_argument(
+        "--venturi-base",
+        metavar="COMMIT",
+        help="also measure venturi built from COMMIT (as the system venturi-base), "
+        "interleaved with the rest: a before/after of venturi in one run",
+    )
+    parser.add_argument(
         "--keep-workdir", action="store_true", help="keep logs and timings after success"
     )
     parser.add_argument(
@@ -107,6 +113,10 @@ def main(argv: list[str] | None = None) -> int:
         selected = ["venturi"]
     else:
         selected = list(SYSTEMS)
+    if args.venturi_base:
+        args.venturi_base = resolve_commit(args.venturi_base)
+        if BASE not in selected:
+            selected.insert(selected.index("venturi") + 1 if "venturi" in selected else 0, BASE)
     scenarios = list(args.only or SCENARIOS)
     workdir = Path(tempfile.mkdtemp(prefix="venturi-bench-run-"))
     out = args.out or (workdir if args.quick else BENCH)
@@ -152,6 +162,7 @@ async def _run(
             "scenarios": scenarios,
             "machine": machine(),
             "git": git_revision(args.venturi_from),
+            **({"venturi_base": describe_commit(args.venturi_base)} if args.venturi_base else {}),
             "load_before": os.getloadavg(),
         },
         "records": [],
@@ -171,6 +182,7 @@ async def _run(
             workdir,
             upgrade=not args.no_upgrade,
             source=args.venturi_from,
+            base=args.venturi_base,
             results=results,
             redis_url=redis.url if redis else None,
         )
@@ -262,6 +274,7 @@ async def prepare_envs(
     *,
     upgrade: bool,
     source: str,
+    base: str | None,
     results: dict[str, Any],
     redis_url: str | None,
 ) -> dict[str, SystemEnv]:
@@ -281,7 +294,7 @@ async def prepare_envs(
                 workdir=workdir,
                 pythonpath=pythonpath,
                 upgrade=upgrade,
-                source=source,
+                source=f"commit:{base}" if system == BASE else source,
                 redis_url=redis_url,
             )
         except Exception as exc:
@@ -321,6 +334,27 @@ def machine() -> dict[str, Any]:
         "kernel": platform.release(),
         "os": platform.platform(),
     }
+
+
+def resolve_commit(ref: str) -> str:
+    """The full commit id of `ref` in this repository (a clear error if there is none)."""
+    found = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+        capture_output=True,
+        text=True,
+    )
+    if found.returncode != 0:
+        raise SystemExit(f"python -m bench: --venturi-base {ref!r}: no such commit here")
+    return found.stdout.strip()
+
+
+def describe_commit(commit: str) -> str:
+    return subprocess.run(
+        ["git", "-C", str(REPO), "log", "-1", "--format=%h (%cs) %s", commit],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 def git_revision(source: str) -> str:

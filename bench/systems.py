@@ -27,6 +27,10 @@ SYSTEMS = (
 )
 PEERS = SYSTEMS[2:]
 
+BASE = "venturi-base"
+"""venturi built from another commit (`--venturi-base COMMIT`): the before of a before/after
+measured in the same run. Not in SYSTEMS: it exists only with that option."""
+
 # River at its defaults (FetchCooldown 100 ms, FetchPollInterval 1 s) is "river"; the same
 # program with the shortest cooldown River allows and a short poll interval is "river-1ms".
 RIVER_OPTIONS: dict[str, tuple[str, ...]] = {
@@ -91,7 +95,12 @@ def prepare(
         if redis_url is None:
             raise RuntimeError("celery needs the private Redis server")
         extra_env = (("BENCH_REDIS_URL", redis_url),)
-    python = venvs.ensure(adapter, repo, upgrade=upgrade, log=log, source=source)
+    if system == BASE:
+        # Its own environment, the same adapter: only the installed venturi differs.
+        python = venvs.ensure(BASE, repo, upgrade=upgrade, log=log, source=source)
+        adapter = "venturi"
+    else:
+        python = venvs.ensure(adapter, repo, upgrade=upgrade, log=log, source=source)
     return SystemEnv.python(
         system, python, pythonpath, logdir, adapter=adapter, extra_env=extra_env
     )

@@ -61,7 +61,7 @@ def ensure(system: str, repo: Path, *, upgrade: bool, log: Path, source: str = "
         venv.parent.mkdir(parents=True, exist_ok=True)
         _run([sys.executable, "-m", "venv", str(venv)], log)
     pip = [str(python_of(venv)), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
-    if system == "venturi":
+    if system in ("venturi", "venturi-base"):
         if venv in _REINSTALLED:
             return python_of(venv)
         # Always reinstalled (once a run): the point is to measure the code in this tree.
@@ -77,13 +77,15 @@ def ensure(system: str, repo: Path, *, upgrade: bool, log: Path, source: str = "
 
 
 def _venturi_sources(repo: Path, dest: Path, source: str) -> Path:
-    """The files a build of venturi needs, from HEAD (``git archive``) or the working tree."""
+    """The files a build of venturi needs: from HEAD (``head``) or a commit (``commit:SHA``),
+    by ``git archive``, or from the working tree (``worktree``)."""
     src = dest / "venturi-src"
     src.mkdir()
-    if source == "head":
-        present = [n for n in _VENTURI_SOURCES if _tracked(repo, n)]
+    if source == "head" or source.startswith("commit:"):
+        commit = "HEAD" if source == "head" else source.removeprefix("commit:")
+        present = [n for n in _VENTURI_SOURCES if _tracked(repo, n, commit)]
         archive = subprocess.run(
-            ["git", "-C", str(repo), "archive", "--format=tar", "HEAD", "--", *present],
+            ["git", "-C", str(repo), "archive", "--format=tar", commit, "--", *present],
             capture_output=True,
             check=True,
         ).stdout
@@ -102,9 +104,9 @@ def _venturi_sources(repo: Path, dest: Path, source: str) -> Path:
     return src
 
 
-def _tracked(repo: Path, name: str) -> bool:
+def _tracked(repo: Path, name: str, commit: str) -> bool:
     probe = subprocess.run(
-        ["git", "-C", str(repo), "ls-tree", "--name-only", "HEAD", "--", name],
+        ["git", "-C", str(repo), "ls-tree", "--name-only", commit, "--", name],
         capture_output=True,
         text=True,
     )

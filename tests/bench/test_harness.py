@@ -9,6 +9,7 @@ from __future__ import annotations
 import subprocess
 import sys
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -176,3 +177,66 @@ def test_venturi_on_uvloop_is_shown_but_is_not_a_peer() -> None:
     text = report.render(raw)
     assert "| venturi-uvloop | 2,400 |" in text
     assert "| **venturi / best peer** | 2.00x (river) |" in text
+
+
+def test_a_base_commit_is_read_against_venturi_and_is_not_a_peer() -> None:
+    raw = _raw(
+        [
+            _record("venturi", "enqueue_sequential", metrics={"rate": 2_000.0}),
+            _record("venturi-base", "enqueue_sequential", metrics={"rate": 2_500.0}),
+            _record("river", "enqueue_sequential", metrics={"rate": 1_000.0}),
+        ],
+        ["enqueue_sequential"],
+    )
+    raw["meta"]["systems"].insert(1, "venturi-base")
+    raw["meta"]["venturi_base"] = "abc1234 (2026-11-30) Before"
+    text = report.render(raw)
+    assert "| venturi-base | 2,500 |" in text
+    assert "| **venturi / best peer** | 2.00x (river) |" in text
+    assert "| **venturi / venturi-base** | 0.80x |" in text
+    assert "built from commit abc1234 (2026-11-30) Before" in text
+    assert "- venturi-base commit: abc1234 (2026-11-30) Before" in text
+
+
+def test_a_base_commit_is_resolved_or_refused_by_name() -> None:
+    from bench import run
+
+    head = run.resolve_commit("HEAD")
+    assert len(head) == 40 and run.describe_commit(head).startswith(head[:7])
+    with pytest.raises(SystemExit, match="--venturi-base 'no-such-ref': no such commit"):
+        run.resolve_commit("no-such-ref")
+
+
+def test_venturi_is_built_from_the_commit_asked_for(tmp_path: Path) -> None:
+    """A base commit's sources are that commit's files, not a later one's or the tree's."""
+    from bench import venvs
+
+    repo = tmp_path / "repo"
+    (repo / "runtime" / "venturi").mkdir(parents=True)
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+
+    git("init", "-q")
+    (repo / "pyproject.toml").write_text("[project]\n")
+    module = repo / "runtime" / "venturi" / "worker.py"
+    module.write_text("BEFORE = True\n")
+    git("add", "-A")
+    git("commit", "-qm", "before")
+    before = git("rev-parse", "HEAD")
+    module.write_text("AFTER = True\n")
+    git("commit", "-qam", "after")
+    module.write_text("EDITING = True\n")  # the working tree, uncommitted
+
+    for out in ("out-before", "out-head"):
+        (tmp_path / out).mkdir()
+    src = venvs._venturi_sources(repo, tmp_path / "out-before", f"commit:{before}")
+    assert (src / "runtime" / "venturi" / "worker.py").read_text() == "BEFORE = True\n"
+    assert (src / "pyproject.toml").exists()
+    src = venvs._venturi_sources(repo, tmp_path / "out-head", "head")
+    assert (src / "runtime" / "venturi" / "worker.py").read_text() == "AFTER = True\n"
