@@ -64,8 +64,8 @@ class _Memory:
     """What each pool's workers were last seen to serve (serving.pool_coverage)."""
     unserved_said: str | None = None
     """The UnservedKinds message last posted as an Event (posted again only when it changes)."""
-    fenced: dict[str, tuple[float, list[str]]] = field(default_factory=dict)
-    """Each pool's pods fenced at its last scale-in, and when (lifted FENCE_SETTLE later)."""
+    fenced: dict[str, dict[str, float]] = field(default_factory=dict)
+    """Each pool's pods fenced by its scale-ins, and when (each lifted FENCE_SETTLE later)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -417,7 +417,7 @@ class Reconciler:
                 namespace, deployment.selector, current, decision, decide, *queue
             )
             if fenced:
-                memory.fenced[pool.deployment] = (now, fenced)
+                memory.fenced.setdefault(pool.deployment, {}).update(dict.fromkeys(fenced, now))
         if decision.replicas != current:
             await self.kube.scale(namespace, pool.deployment, decision.replicas)
             direction = "up" if decision.replicas > current else "down"
@@ -556,7 +556,14 @@ class Reconciler:
                     costs = scalein.deletion_costs(pods, claimed)
                     decision = decide(scalein.busy_pods(costs))
                 if current - decision.replicas > len(fenced):
-                    decision = replace(decision, replicas=current - len(fenced))
+                    kept = current - len(fenced)
+                    decision = replace(
+                        decision,
+                        replicas=kept,
+                        reason=policy.Reason.BUSY_PODS_SPARED,
+                        message=f"{decision.message}; {len(turned)} of the pods it would take "
+                        f"claimed a job as they were fenced: scaling in to {kept}",
+                    )
                 costs |= dict.fromkeys(fenced, scalein.FENCED_COST)
         try:
             annotated = {name: pod.cost for name, pod in pods.items()}
@@ -577,12 +584,14 @@ class Reconciler:
     async def _lift_fences(
         self, namespace: str, deployment: str, memory: _Memory, now: float, dsn: str, prefix: str
     ) -> None:
-        """Lift the fences of a pool's last scale-in once the ReplicaSet has acted on it."""
-        fenced = memory.fenced.get(deployment)
-        if fenced is None or now - fenced[0] < scalein.FENCE_SETTLE:
-            return
-        if await self._unfence(namespace, dsn, prefix, fenced[1]):
-            del memory.fenced[deployment]
+        """Lift the fences of a pool's scale-ins once the ReplicaSet has acted on them."""
+        fenced = memory.fenced.get(deployment, {})
+        due = [pod for pod, at in fenced.items() if now - at >= scalein.FENCE_SETTLE]
+        if due and await self._unfence(namespace, dsn, prefix, due):
+            for pod in due:
+                del fenced[pod]
+            if not fenced:
+                del memory.fenced[deployment]
 
     async def _unfence(self, namespace: str, dsn: str, prefix: str, pods: list[str]) -> bool:
         try:
