@@ -408,11 +408,8 @@ class PostgresStore:
                     await asyncio.wait_for(self._pool.close(), grace)
                 except TimeoutError:
                     logger.warning(
-                        "closing the store: connections still in use after %gs were "
-                        "terminated (%d of %d idle)",
+                        "closing the store: connections still in use after %gs were terminated",
                         grace,
-                        self._pool.get_idle_size(),
-                        self._pool.get_size(),
                     )
 
     async def __aenter__(self) -> Self:
