@@ -389,10 +389,15 @@ async def _run(args: argparse.Namespace) -> int:
         elif args.command == "workers":
             workers = await queue.workers()
             unserved = await queue.unserved_kinds()
+            fenced = await queue.fenced_pods()
             _out(
                 args,
-                {"workers": [_worker_json(w) for w in workers], "unserved_kinds": unserved},
-                _workers_text(workers, unserved),
+                {
+                    "workers": [_worker_json(w) for w in workers],
+                    "unserved_kinds": unserved,
+                    "fenced_pods": fenced,
+                },
+                _workers_text(workers, unserved, fenced),
             )
         elif args.command == "schedules":
             found_schedules = await queue.schedules()
@@ -800,7 +805,9 @@ def _worker_json(w: WorkerInfo) -> dict[str, Any]:
     }
 
 
-def _workers_text(workers: list[WorkerInfo], unserved: dict[str, list[str]]) -> str:
+def _workers_text(
+    workers: list[WorkerInfo], unserved: dict[str, list[str]], fenced: list[str]
+) -> str:
     lines = []
     if not workers:
         lines.append("no workers registered")
@@ -823,6 +830,8 @@ def _workers_text(workers: list[WorkerInfo], unserved: dict[str, list[str]]) -> 
         lines.append(_table(rows))
     for queue, kinds in sorted(unserved.items()):
         lines.append(f"queue {queue}: pending kinds no live worker serves: {', '.join(kinds)}")
+    if fenced:
+        lines.append(f"pods fenced for a scale-in (claiming nothing): {', '.join(fenced)}")
     return "\n".join(lines)
 
 

@@ -185,3 +185,7 @@ async def test_the_workers_command_lists_workers_and_unserved_kinds(
         assert listed["live"] is True and listed["leader"] is True
         assert listed["pid"] == os.getpid()
         assert data["unserved_kinds"] == {"default": ["registry.stranger"]}
+        assert data["fenced_pods"] == []
+        await queue.fence_pods(["workers-abc12"])
+        last = venturi("workers", dsn=pg_dsn, prefix=prefix).stdout.strip().splitlines()[-1]
+        assert last == "pods fenced for a scale-in (claiming nothing): workers-abc12"
