@@ -591,14 +591,16 @@ def decide(
     paused: bool = False,
     ready: int | None = None,
     busy: int | None = None,
+    unfenced: int = 0,
 ) -> Decision:
     """Decide the replicas of one pool; see the module docstring for the rules.
 
     ``load`` is None when the stats could not be read. ``current`` is the Deployment's
     ``spec.replicas`` as read this tick (the policy never assumes its last decision was applied);
     ``ready`` its ready replicas (None: unknown, taken as all); ``busy`` how many of its pods
-    hold a claimed job (None: unknown, no pod is spared). ``paused`` leaves the replicas alone
-    and the history unchanged apart from its first seeding.
+    hold a claimed job (None: unknown, no pod is spared), and ``unfenced`` how many idle pods
+    a scale-in could not fence (kept as busy ones are: see ``scalein``). ``paused`` leaves the
+    replicas alone and the history unchanged apart from its first seeding.
     """
     if current < 0:
         raise ValueError(f"current: expected >= 0, got {current}")
@@ -606,6 +608,8 @@ def decide(
         raise ValueError(f"ready: expected >= 0, got {ready}")
     if busy is not None and busy < 0:
         raise ValueError(f"busy: expected >= 0, got {busy}")
+    if unfenced < 0 or (unfenced and busy is None):
+        raise ValueError(f"unfenced: expected >= 0, with busy known, got {unfenced}")
     if pool.max_replicas < 1 or not 0 <= pool.min_replicas <= pool.max_replicas:
         raise ValueError(
             "expected 0 <= minReplicas <= maxReplicas and maxReplicas >= 1, got "
@@ -627,7 +631,7 @@ def decide(
         return _fallback(pool, history, now, current)
     history = _watch_startup(history, now, current, ready)
     history = _observe(history, load, now, pool.target_per_replica)
-    return _decide_from_load(load, pool, history, now, current, ready, busy)
+    return _decide_from_load(load, pool, history, now, current, ready, busy, unfenced)
 
 
 def _fallback(pool: PoolScaling, history: History, now: float, current: int) -> Decision:
@@ -928,6 +932,7 @@ def _decide_from_load(
     current: int,
     ready: int | None,
     busy: int | None,
+    unfenced: int = 0,
 ) -> Decision:
     active = _is_active(load, pool)
     if active:
@@ -1005,11 +1010,14 @@ def _decide_from_load(
         # next burst: it waits.
         replicas, reason = current, Reason.SCALE_DOWN_STABILIZED
         message = f"{message}; held {hold - since_up:.0f}s more {why}"
-    if busy is not None and replicas < min(busy, current):
-        spared = min(busy, current)
+    if busy is not None and replicas < min(busy + unfenced, current):
+        spared = min(busy + unfenced, current)
+        held = f"{busy} pods hold jobs" + (
+            f" and {unfenced} idle ones could not be fenced" if unfenced else ""
+        )
         message = (
-            f"{message}; {busy} pods hold jobs: scaling in to {spared}, not {replicas}, so no "
-            "running job is interrupted"
+            f"{message}; {held}: scaling in to {spared}, not {replicas}, so no running job is "
+            "interrupted"
         )
         replicas, reason = spared, Reason.BUSY_PODS_SPARED
     if current == 0 and replicas > 0:

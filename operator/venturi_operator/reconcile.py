@@ -12,7 +12,7 @@ import logging
 import re
 import time
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
@@ -396,10 +396,11 @@ class Reconciler:
         the pods it takes are fenced first (see `scalein`)."""
         current = deployment.replicas
         history = memory.histories.get(pool.deployment, policy.History())
-        if queue is not None:
-            await self._lift_fences(namespace, pool.deployment, memory, now, *queue)
+        fences = memory.fenced.setdefault(pool.deployment, {})
+        if queue is not None and deployment.selector:
+            await self._lift_fences(namespace, deployment.selector, fences, now, *queue)
 
-        def decide(busy: int | None) -> policy.Decision:
+        def decide(busy: int | None, unfenced: int = 0) -> policy.Decision:
             return policy.decide(
                 load,
                 pool,
@@ -409,17 +410,25 @@ class Reconciler:
                 paused=paused,
                 ready=deployment.ready,
                 busy=busy,
+                unfenced=unfenced,
             )
 
         decision = decide(None)
         if decision.replicas < current and queue is not None and deployment.selector:
-            decision, fenced = await self._prepare_scale_in(
-                namespace, deployment.selector, current, decision, decide, *queue
+            decision = await self._prepare_scale_in(
+                namespace, deployment.selector, current, decision, decide, fences, now, *queue
             )
-            if fenced:
-                memory.fenced.setdefault(pool.deployment, {}).update(dict.fromkeys(fenced, now))
         if decision.replicas != current:
-            await self.kube.scale(namespace, pool.deployment, decision.replicas)
+            try:
+                await self.kube.scale(namespace, pool.deployment, decision.replicas)
+            except KubeError:
+                # No scale-in: this tick's fences hold nothing back (the next tick chooses
+                # afresh), and lifted now they cannot be renewed tick after tick.
+                mine = [pod for pod, at in fences.items() if at == now]
+                if queue is not None and mine and await self._unfence(namespace, *queue, mine):
+                    for pod in mine:
+                        del fences[pod]
+                raise
             direction = "up" if decision.replicas > current else "down"
             self.metrics.scale_events.labels(namespace, name, pool.deployment, direction).inc()
             post(
@@ -517,61 +526,78 @@ class Reconciler:
         selector: str,
         current: int,
         decision: policy.Decision,
-        decide: Callable[[int | None], policy.Decision],
+        decide: Callable[[int | None, int], policy.Decision],
+        fences: dict[str, float],
+        now: float,
         dsn: str,
         prefix: str,
-    ) -> tuple[policy.Decision, list[str]]:
-        """Mark the pods for a scale-in and fence the ones it takes (see `scalein`): the
-        decision, made again knowing the busy pods, and the pods fenced. When the pods or the
-        claims cannot be read the scale-in goes ahead unspared, as `decision` says; when the
-        fence cannot be written (a schema before migration 18), spared by deletion cost only."""
+    ) -> policy.Decision:
+        """Mark the pods for a scale-in and fence the ones it takes (see `scalein`); the
+        decision, made again knowing the busy pods and the fenced ones. `fences` (the pool's
+        pods fenced, and when) gains every pod a fence was written for, before the write, so
+        that a fence that committed with its reply lost is lifted too.
+
+        When the pods or the claims cannot be read the scale-in goes ahead unspared, as
+        `decision` says. A pod that claimed a job just before its fence is kept and unfenced,
+        and another idle pod is fenced in its place (for a few rounds at most); a scale-in
+        takes no pod that is not fenced (when a fence cannot be written, e.g. a schema before
+        migration 18, it waits: `decide`'s unfenced pods)."""
         try:
             pods = await self.kube.pods(namespace, selector)
             claimed = await self.databases.claimed_by_pod(dsn, prefix)
         except (KubeError, DatabaseError) as exc:
             self._cannot_mark(namespace, exc)
-            return decision, []
+            return decision
         costs = scalein.deletion_costs(pods, claimed)
-        decision = decide(scalein.busy_pods(costs))
+        decision = decide(scalein.busy_pods(costs), 0)
         unready = {name for name, pod in pods.items() if not pod.ready}
-        chosen = scalein.victims(costs, current - decision.replicas, unready=unready)
         fenced: list[str] = []
-        if chosen:
+        tried: set[str] = set()
+        for _ in range(scalein.FENCE_ROUNDS):
+            untried = {pod: cost for pod, cost in costs.items() if pod not in tried}
+            leaving = current - decision.replicas - len(fenced)
+            chosen = scalein.victims(untried, leaving, unready=unready)
+            if not chosen:
+                break
+            tried.update(chosen)
+            fences.update(dict.fromkeys(chosen, now))
             try:
                 await self.databases.fence_pods(dsn, prefix, chosen, scalein.FENCE_TTL)
                 claimed = await self.databases.claimed_by_pod(dsn, prefix)
             except DatabaseError as exc:
                 logger.warning(
-                    "%s: cannot fence the pods a scale-in takes (%s); sparing busy pods by "
-                    "their deletion cost only",
+                    "%s: cannot fence the pods a scale-in takes (%s): it takes only pods "
+                    "already fenced",
                     namespace,
                     exc,
                     extra={"namespace": namespace},
                 )
-            else:
-                fenced, turned = scalein.still_idle(chosen, claimed)
-                if turned:
-                    # Claimed a job just before the fence: kept, and free to claim again.
-                    await self._unfence(namespace, dsn, prefix, turned)
-                    costs = scalein.deletion_costs(pods, claimed)
-                    decision = decide(scalein.busy_pods(costs))
-                if current - decision.replicas > len(fenced):
-                    kept = current - len(fenced)
-                    decision = replace(
-                        decision,
-                        replicas=kept,
-                        reason=policy.Reason.BUSY_PODS_SPARED,
-                        message=f"{decision.message}; {len(turned)} of the pods it would take "
-                        f"claimed a job as they were fenced: scaling in to {kept}",
-                    )
-                costs |= dict.fromkeys(fenced, scalein.FENCED_COST)
+                break
+            idle, turned = scalein.still_idle(chosen, claimed)
+            fenced += idle
+            if turned and await self._unfence(namespace, dsn, prefix, turned):
+                for pod in turned:  # claimed a job just before the fence: kept
+                    fences.pop(pod, None)
+            costs = scalein.deletion_costs(pods, claimed)
+            decision = decide(scalein.busy_pods(costs), 0)
+        leaving = max(current - decision.replicas, 0)
+        if len(fenced) > leaving:
+            # The pool needs more pods than the first read said: unfence the surplus.
+            surplus, fenced = fenced[leaving:], fenced[:leaving]
+            if await self._unfence(namespace, dsn, prefix, surplus):
+                for pod in surplus:
+                    fences.pop(pod, None)
+        elif leaving > len(fenced):
+            busy = scalein.busy_pods(costs)
+            decision = decide(busy, max(current - len(fenced) - busy, 0))
+        costs |= dict.fromkeys(fenced, scalein.FENCED_COST)
         try:
             annotated = {name: pod.cost for name, pod in pods.items()}
             for name, cost in scalein.stale_costs(annotated, costs).items():
                 await self.kube.set_deletion_cost(namespace, name, cost)
         except KubeError as exc:
             self._cannot_mark(namespace, exc)
-        return decision, fenced
+        return decision
 
     def _cannot_mark(self, namespace: str, exc: Exception) -> None:
         logger.warning(
@@ -582,16 +608,31 @@ class Reconciler:
         )
 
     async def _lift_fences(
-        self, namespace: str, deployment: str, memory: _Memory, now: float, dsn: str, prefix: str
+        self,
+        namespace: str,
+        selector: str,
+        fences: dict[str, float],
+        now: float,
+        dsn: str,
+        prefix: str,
     ) -> None:
-        """Lift the fences of a pool's scale-ins once the ReplicaSet has acted on them."""
-        fenced = memory.fenced.get(deployment, {})
-        due = [pod for pod, at in fenced.items() if now - at >= scalein.FENCE_SETTLE]
-        if due and await self._unfence(namespace, dsn, prefix, due):
-            for pod in due:
-                del fenced[pod]
-            if not fenced:
-                del memory.fenced[deployment]
+        """Lift the fences of a pool's scale-ins once the ReplicaSet has acted on them: of the
+        pods fenced `FENCE_SETTLE` ago or more, those still there (and not terminating) were
+        kept, and may claim again; the others are being deleted (their workers, SIGTERMed,
+        claim nothing) or gone, and their fences lapse by themselves."""
+        due = [pod for pod, at in fences.items() if now - at >= scalein.FENCE_SETTLE]
+        if not due:
+            return
+        try:
+            listed = await self.kube.pods(namespace, selector)
+        except KubeError as exc:
+            self._cannot_mark(namespace, exc)
+            return
+        kept = [pod for pod in due if pod in listed]
+        if kept and not await self._unfence(namespace, dsn, prefix, kept):
+            return
+        for pod in due:
+            del fences[pod]
 
     async def _unfence(self, namespace: str, dsn: str, prefix: str, pods: list[str]) -> bool:
         try:

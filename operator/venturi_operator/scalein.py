@@ -9,13 +9,14 @@ running job is interrupted. Pure: the caller reads the pods and the claims, and 
 
 A pod seen idle can still claim a job between that read and its SIGTERM (and then drain it:
 finish it within its grace period, or hand it back to run again elsewhere). So the pods a
-scale-in takes are chosen first (`victims`: idle ones, those not ready first), fenced in the
-database (`Queue.fence_pods`: once that returns, their claims in flight have committed, and
-they claim nothing more), their claims read again, and only those still idle (`still_idle`)
-are given `FENCED_COST`, below every other pod's, so that the ReplicaSet takes exactly them;
-the scale-in is by that many pods at most. A victim that claimed a job meanwhile is unfenced
-and kept. The fences are lifted `FENCE_SETTLE` seconds later (the ReplicaSet has acted by
-then), and lapse by themselves after `FENCE_TTL` seconds should the operator not come back.
+scale-in takes are chosen first (`victims`: idle ones, those not ready first, since the
+ReplicaSet removes them before any other), fenced in the database (`Queue.fence_pods`: once
+that returns, their claims in flight have committed, and they claim nothing more), their
+claims read again, and only those still idle (`still_idle`) are given `FENCED_COST`, below
+every other pod's; a victim that claimed a job meanwhile is unfenced and kept, and another
+idle pod fenced in its place (`FENCE_ROUNDS`). The scale-in takes no pod it could not fence.
+`FENCE_SETTLE` seconds later the fences of the pods the ReplicaSet kept are lifted; those of
+pods being deleted lapse by themselves after `FENCE_TTL` seconds.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from collections.abc import Collection, Iterable, Mapping
 __all__ = [
     "DELETION_COST",
     "FENCED_COST",
+    "FENCE_ROUNDS",
     "FENCE_SETTLE",
     "FENCE_TTL",
     "busy_pods",
@@ -39,6 +41,9 @@ FENCED_COST = -1
 """The cost of a fenced pod: below every other pod's (an idle one's is 0)."""
 FENCE_TTL = 60.0
 """Seconds a fence holds unless lifted: a backstop for an operator that fenced and died."""
+FENCE_ROUNDS = 3
+"""Times a scale-in fences idle pods in place of ones that claimed a job just before their
+fence, before it settles for fewer pods."""
 FENCE_SETTLE = 10.0
 """Seconds after a scale-in before its fences are lifted: the ReplicaSet deletes the pods
 within about a second, and a pod being deleted stops claiming by itself (its SIGTERM). A

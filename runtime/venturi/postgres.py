@@ -396,21 +396,25 @@ class PostgresStore:
         Waits up to `grace` seconds for connections still in use to be released, then
         terminates them (and says so in the log): a connection some task never gives back
         must not keep a stopping process alive until it is killed."""
-        if not self._closed:
-            self._closed = True
-            async with self._held_lock:
-                if self._held is not None:
-                    held, self._held = self._held, None
-                    await self._pool.release(held)
+        if self._closed:
+            return
+        if not (isinstance(grace, (int, float)) and math.isfinite(grace) and grace >= 0):
+            raise ValueError(f"close(grace): expected seconds >= 0, got {grace!r}")
+        self._closed = True
+        try:
+            async with asyncio.timeout(grace):
+                async with self._held_lock:  # an enqueue on the kept connection finishes first
+                    if self._held is not None:
+                        held, self._held = self._held, None
+                        await self._pool.release(held)
+                if self._owns_pool:
+                    await self._pool.close()
+        except TimeoutError:
             if self._owns_pool:
-                try:
-                    # On a timeout asyncpg's close, cancelled, terminates the pool itself.
-                    await asyncio.wait_for(self._pool.close(), grace)
-                except TimeoutError:
-                    logger.warning(
-                        "closing the store: connections still in use after %gs were terminated",
-                        grace,
-                    )
+                self._pool.terminate()  # a cancelled close terminates too; this covers the rest
+            logger.warning(
+                "closing the store: connections still in use after %gs were terminated", grace
+            )
 
     async def __aenter__(self) -> Self:
         return self

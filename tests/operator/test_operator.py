@@ -825,6 +825,85 @@ async def test_a_scale_in_marks_idle_pods_and_spares_busy_ones(
         await until_fenced(store, [])
 
 
+async def claim_first_in(pg_dsn: str, prefix: str, pod: str) -> None:
+    """Claim a pending job for `pod` on a connection of the caller's event loop (the
+    operator's, inside a wrapped call of it)."""
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        await conn.execute(
+            f"UPDATE {prefix}_jobs SET status = 'claimed', claimed_pod = $1, "
+            "lease_until = now() + interval '1h' WHERE id = (SELECT id FROM "
+            f"{prefix}_jobs WHERE status = 'pending' LIMIT 1)",
+            pod,
+        )
+    finally:
+        await conn.close()
+
+
+async def test_of_two_victims_the_one_that_raced_its_fence_is_kept(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    """Three pods, one busy; the load wants one replica, so the scale-in would take both idle
+    pods. One claims a job just before its fence: the operator takes only the other (scaled
+    to two), with cost -1, and the one that raced keeps its job and is not fenced."""
+    await Queue(store).enqueue_many(Mail() for _ in range(4))
+    await claim_for(store, "mailer-a", 2)
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=3)
+    for pod in ("mailer-a", "mailer-b", "mailer-c"):
+        kube.pod(NS, pod, labels={"app": "mailer"})
+    kube.jobqueue(NS, "mail", spec(store.prefix))
+
+    async with operator(kube) as reconciler:
+        fence = reconciler.databases.fence_pods
+        calls: list[list[str]] = []
+
+        async def b_claims_first(dsn: str, prefix: str, pods: list[str], ttl: float) -> None:
+            if not calls:
+                await claim_first_in(pg_dsn, prefix, "mailer-b")
+            calls.append(list(pods))
+            await fence(dsn, prefix, pods, ttl)
+
+        reconciler.databases.fence_pods = b_claims_first  # type: ignore[method-assign]
+        await replicas_become(kube, "mailer", 2)
+        assert calls[0] == ["mailer-b", "mailer-c"]
+        costs = {
+            p: kube.get(PODS, NS, p)["metadata"]["annotations"].get(COST)
+            for p in ("mailer-a", "mailer-b", "mailer-c")
+        }
+        assert costs == {"mailer-a": "2", "mailer-b": "1", "mailer-c": "-1"}
+        assert "mailer-b" not in await Queue(store).fenced_pods()
+
+
+async def test_a_scale_in_waits_when_its_pods_cannot_be_fenced(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    """A database where the fence cannot be written (here its table is gone, as on a schema
+    before migration 18): the operator takes no pod it has not fenced, and says why."""
+    await Queue(store).enqueue_many(Mail() for _ in range(2))
+    await claim_for(store, "mailer-a", 1)
+    await store._pool.execute(f"DROP TABLE {store.prefix}_fences CASCADE")
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=2)
+    for pod in ("mailer-a", "mailer-b"):
+        kube.pod(NS, pod, labels={"app": "mailer"})
+    kube.jobqueue(NS, "mail", spec(store.prefix) | {"interval": 300})
+
+    async with operator(kube):
+        jq = await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            "mail",
+            lambda o: (
+                (o.get("status", {}).get("pools") or [{}])[0].get("reason") == "BusyPodsSpared"
+            ),
+            timeout=TIMEOUT,
+        )
+        message = jq["status"]["pools"][0]["message"]
+        assert "1 pods hold jobs and 1 idle ones could not be fenced" in message, message
+        assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 2
+
+
 async def test_pods_are_listed_with_their_cost_and_readiness(kube: KubeHarness) -> None:
     """What a scale-in's choice reads: terminating and finished pods are left out, and a pod
     is ready only when its Ready condition is True."""
@@ -871,16 +950,7 @@ async def test_a_pod_that_claims_a_job_as_it_is_fenced_is_kept(
         async def claimed_first(dsn: str, prefix: str, pods: list[str], ttl: float) -> None:
             if not raced:
                 # A claim in flight, committed first (on the operator's own event loop).
-                conn = await asyncpg.connect(pg_dsn)
-                try:
-                    await conn.execute(
-                        f"UPDATE {prefix}_jobs SET status = 'claimed', claimed_pod = $1, "
-                        "lease_until = now() + interval '1h' WHERE id = (SELECT id FROM "
-                        f"{prefix}_jobs WHERE status = 'pending' LIMIT 1)",
-                        pods[0],
-                    )
-                finally:
-                    await conn.close()
+                await claim_first_in(pg_dsn, prefix, pods[0])
             raced.append(list(pods))
             await fence(dsn, prefix, pods, ttl)
 

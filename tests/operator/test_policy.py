@@ -1332,6 +1332,12 @@ def test_busy_pods_are_spared() -> None:
     assert (spared.replicas, spared.reason, spared.limited) == (9, Reason.BUSY_PODS_SPARED, True)
     assert decide(quiet, spec, history, now, current=12, busy=12).replicas == 12
     assert decide(quiet, spec, history, now, current=12, busy=0).replicas == free.replicas
+    # Idle pods a scale-in could not fence are kept as busy ones are, and said to be.
+    kept = decide(quiet, spec, history, now, current=12, busy=9, unfenced=2)
+    assert (kept.replicas, kept.reason) == (11, Reason.BUSY_PODS_SPARED)
+    assert "9 pods hold jobs and 2 idle ones could not be fenced: scaling in to 11" in kept.message
+    with pytest.raises(ValueError, match="unfenced"):
+        decide(quiet, spec, history, now, current=12, unfenced=1)  # busy unknown
 
 
 def test_the_last_replica_goes_after_cooldown_seconds_not_the_scale_down_window() -> None:

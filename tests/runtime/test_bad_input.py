@@ -244,6 +244,8 @@ async def test_closing_a_store_ends_even_with_a_connection_never_given_back(
     """A connection some task holds past the end must not keep a stopping process alive
     (asyncpg's own close waits for it forever): close terminates it after its timeout."""
     store = await PostgresStore.connect(pg_dsn, prefix=prefix)
+    with pytest.raises(ValueError, match=r"close\(grace\): expected seconds >= 0, got -1"):
+        await store.close(grace=-1)  # refused before anything is closed
     leaked = await store._pool.acquire()
     backend = await leaked.fetchval("SELECT pg_backend_pid()")
     await asyncio.wait_for(store.close(grace=0.2), 10)

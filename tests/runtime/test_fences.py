@@ -75,6 +75,26 @@ async def test_a_fence_waits_for_the_claims_of_its_pod_in_flight(queue: Queue, p
     assert await claim(queue.store, "worker-a") == []
 
 
+async def test_a_claim_behind_a_fence_in_flight_sees_it(queue: Queue, pg_dsn: str) -> None:
+    """The other order: a claim that starts while a fence is being written waits for it, and
+    then (its next statement a new snapshot) claims nothing, though a job is pending."""
+    await queue.enqueue(Chore(1))
+    fence = queue.store._q["fences_set"]
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        tx = conn.transaction()
+        await tx.start()
+        await conn.execute(fence.text, *fence.args({"pods": ["worker-a"], "ttl_s": 60.0}))
+        claiming = asyncio.create_task(claim(queue.store, "worker-a"))
+        assert await asyncio.wait_for(_lock_waits(queue, "worker-a"), 30)
+        assert not claiming.done()
+        await tx.commit()
+        assert await asyncio.wait_for(claiming, 30) == []
+    finally:
+        await conn.close()
+    assert (await queue.stats()).pending_by_kind == {Chore.KIND: 1}
+
+
 async def _lock_waits(queue: Queue, pod: str) -> bool:
     """Wait until a backend waits for the fence lock (the fence, blocked by the claim)."""
 

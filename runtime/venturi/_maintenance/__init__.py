@@ -28,6 +28,9 @@ from venturi.postgres import PostgresStore
 
 logger = logging.getLogger("venturi.worker")
 
+STOP_WAIT = 5.0
+"""Seconds a stopping worker waits for its cancelled maintenance services to end."""
+
 
 class Maintainer:
     def __init__(
@@ -87,9 +90,20 @@ class Maintainer:
 
     async def _stop_services(self) -> None:
         """Cancel the running services and wait until every service task has ended, also
-        those of earlier terms: none may hold a connection once the worker closes its store."""
+        those of earlier terms, so that none holds a connection once the worker closes its
+        store; but no longer than `STOP_WAIT` (a service that ignores cancellation must not
+        keep the worker from stopping: the store's close terminates what it holds)."""
         self._cancel_running()
-        await asyncio.gather(*self._cancelled, return_exceptions=True)
+        if not self._cancelled:
+            return
+        _, stuck = await asyncio.wait(set(self._cancelled), timeout=STOP_WAIT)
+        for task in stuck:
+            logger.warning(
+                "worker %s: maintenance task %s did not stop within %.0fs of its cancellation",
+                self._worker,
+                task.get_name(),
+                STOP_WAIT,
+            )
 
     async def _serve(self, service: MaintenanceService, term: int) -> None:
         while True:

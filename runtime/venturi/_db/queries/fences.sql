@@ -4,16 +4,18 @@
 -- and a claim that starts after it sees it.
 
 -- fences_set --
--- Fence :pods until :ttl_s seconds from now (a pod fenced already: its until moves). The
--- locks are taken in pod order, so two callers with overlapping pods cannot deadlock.
+-- Fence :pods until :ttl_s seconds from now (a pod fenced already: until the later of the
+-- two). The locks are taken in the order of their keys, so two callers with overlapping pods
+-- cannot deadlock (two pods whose names hash alike share a lock, taken once).
 WITH locked AS (
-    SELECT pg_advisory_xact_lock(hashtext('{prefix}_fences'), hashtext(p.pod))
-    FROM (SELECT DISTINCT pod FROM unnest(:pods::text[]) AS u(pod) ORDER BY pod) AS p
+    SELECT pg_advisory_xact_lock(hashtext('{prefix}_fences'), k.key)
+    FROM (SELECT DISTINCT hashtext(pod) AS key FROM unnest(:pods::text[]) AS u(pod)
+          ORDER BY key) AS k
 )
 INSERT INTO {prefix}_fences AS f (pod, until)
 SELECT DISTINCT pod, now() + make_interval(secs => :ttl_s) FROM unnest(:pods::text[]) AS u(pod)
 WHERE (SELECT count(*) FROM locked) >= 0  -- always true: takes the locks first
-ON CONFLICT (pod) DO UPDATE SET fenced_at = now(), until = excluded.until;
+ON CONFLICT (pod) DO UPDATE SET fenced_at = now(), until = greatest(f.until, excluded.until);
 
 -- fences_clear --
 -- Lift the fences of :pods, and forget every fence past its until.
