@@ -139,6 +139,10 @@ class Databases:
                 "QueryTimeout", f"{what} took longer than {self._config.statement_timeout}s"
             ) from None
         except Exception as exc:  # asyncpg raises many types; each means "not done this tick"
+            if _schema_missing(exc):
+                raise DatabaseError(
+                    "SchemaMissing", f"{what}: a table is missing: run `venturi migrate` ({exc})"
+                ) from None
             raise DatabaseError("QueryFailed", f"{what} failed: {exc}") from None
 
     async def workers(self, dsn: str, prefix: str) -> list[WorkerInfo]:

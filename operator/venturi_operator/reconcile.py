@@ -553,6 +553,7 @@ class Reconciler:
         unready = {name for name, pod in pods.items() if not pod.ready}
         fenced: list[str] = []
         tried: set[str] = set()
+        fencing = True  # False: the database has no fences (a schema before migration 18)
         for _ in range(scalein.FENCE_ROUNDS):
             untried = {pod: cost for pod, cost in costs.items() if pod not in tried}
             leaving = current - decision.replicas - len(fenced)
@@ -565,11 +566,14 @@ class Reconciler:
                 await self.databases.fence_pods(dsn, prefix, chosen, scalein.FENCE_TTL)
                 claimed = await self.databases.claimed_by_pod(dsn, prefix)
             except DatabaseError as exc:
+                fencing = exc.reason != "SchemaMissing"
                 logger.warning(
-                    "%s: cannot fence the pods a scale-in takes (%s): it takes only pods "
-                    "already fenced",
+                    "%s: cannot fence the pods a scale-in takes (%s): %s",
                     namespace,
                     exc,
+                    "it takes only pods already fenced"
+                    if fencing
+                    else "sparing busy pods by their deletion cost only, as before migration 18",
                     extra={"namespace": namespace},
                 )
                 break
@@ -587,7 +591,7 @@ class Reconciler:
             if await self._unfence(namespace, dsn, prefix, surplus):
                 for pod in surplus:
                     fences.pop(pod, None)
-        elif leaving > len(fenced):
+        elif leaving > len(fenced) and fencing:
             busy = scalein.busy_pods(costs)
             decision = decide(busy, max(current - len(fenced) - busy, 0))
         costs |= dict.fromkeys(fenced, scalein.FENCED_COST)

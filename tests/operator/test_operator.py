@@ -35,7 +35,7 @@ from venturi_operator.__main__ import JsonFormatter as OperatorJsonFormatter
 from venturi_operator.__main__ import Logging, parse_args
 from venturi_operator.cadence import BURST_WAKE_SECONDS
 from venturi_operator.config import OperatorConfig
-from venturi_operator.databases import Databases
+from venturi_operator.databases import DatabaseError, Databases
 from venturi_operator.handlers import build_registry
 from venturi_operator.kube import SCALE_ANNOTATION, Kube, PodState
 from venturi_operator.metrics import OperatorMetrics
@@ -878,18 +878,22 @@ async def test_of_two_victims_the_one_that_raced_its_fence_is_kept(
 async def test_a_scale_in_waits_when_its_pods_cannot_be_fenced(
     kube: KubeHarness, store: PostgresStore, pg_dsn: str
 ) -> None:
-    """A database where the fence cannot be written (here its table is gone, as on a schema
-    before migration 18): the operator takes no pod it has not fenced, and says why."""
+    """The fence cannot be written this tick (the database refuses it): the operator takes no
+    pod it has not fenced, and says why."""
     await Queue(store).enqueue_many(Mail() for _ in range(2))
     await claim_for(store, "mailer-a", 1)
-    await store._pool.execute(f"DROP TABLE {store.prefix}_fences CASCADE")
     kube.secret(NS, "db", string_data={"dsn": pg_dsn})
     worker(kube, "mailer", "mail", replicas=2)
     for pod in ("mailer-a", "mailer-b"):
         kube.pod(NS, pod, labels={"app": "mailer"})
     kube.jobqueue(NS, "mail", spec(store.prefix) | {"interval": 300})
 
-    async with operator(kube):
+    async with operator(kube) as reconciler:
+
+        async def refused(dsn: str, prefix: str, pods: list[str], ttl: float) -> None:
+            raise DatabaseError("QueryFailed", "fencing pods failed: the server said no")
+
+        reconciler.databases.fence_pods = refused  # type: ignore[method-assign]
         jq = await kube.wait_for(
             JOBQUEUES,
             NS,
@@ -902,6 +906,29 @@ async def test_a_scale_in_waits_when_its_pods_cannot_be_fenced(
         message = jq["status"]["pools"][0]["message"]
         assert "1 pods hold jobs and 1 idle ones could not be fenced" in message, message
         assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 2
+
+
+async def test_without_the_fences_table_a_scale_in_spares_by_cost_as_before(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    """A database not migrated to 18 yet (its fences table is missing) does not stop scale-ins:
+    busy pods are spared by their deletion cost alone, as before the fence."""
+    await Queue(store).enqueue_many(Mail() for _ in range(2))
+    await claim_for(store, "mailer-a", 1)
+    await store._pool.execute(f"DROP TABLE {store.prefix}_fences CASCADE")
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=2)
+    for pod in ("mailer-a", "mailer-b"):
+        kube.pod(NS, pod, labels={"app": "mailer"})
+    kube.jobqueue(NS, "mail", spec(store.prefix))
+
+    async with operator(kube):
+        await replicas_become(kube, "mailer", 1)
+        costs = {
+            p: kube.get(PODS, NS, p)["metadata"]["annotations"].get(COST)
+            for p in ("mailer-a", "mailer-b")
+        }
+        assert costs == {"mailer-a": "1", "mailer-b": "0"}
 
 
 async def test_pods_are_listed_with_their_cost_and_readiness(kube: KubeHarness) -> None:
