@@ -592,8 +592,12 @@ class Reconciler:
                 for pod in surplus:
                     fences.pop(pod, None)
         elif leaving > len(fenced) and fencing:
+            # Safe to remove: the fenced pods, and pods not listed (not created yet, or gone:
+            # they hold nothing). Every other pod stays.
+            floor = current - len(fenced) - max(current - len(pods), 0)
             busy = scalein.busy_pods(costs)
-            decision = decide(busy, max(current - len(fenced) - busy, 0))
+            if floor > current - leaving:
+                decision = decide(busy, max(floor - busy, 0))
         costs |= dict.fromkeys(fenced, scalein.FENCED_COST)
         try:
             annotated = {name: pod.cost for name, pod in pods.items()}
