@@ -20,6 +20,7 @@ import errno
 import logging
 import re
 from collections.abc import Awaitable, Callable
+from typing import TypeVar
 
 from venturi import PostgresStore, Queue, Stats, WorkerInfo
 from venturi_operator.config import OperatorConfig
@@ -39,6 +40,8 @@ class DatabaseError(Exception):
         self.reason = reason
         self.message = message
 
+
+_T = TypeVar("_T")
 
 WakeCallback = Callable[[str], None]
 """Called with the job kind of every notification on a watched queue."""
@@ -94,18 +97,9 @@ class Databases:
 
     async def claimed_by_pod(self, dsn: str, prefix: str) -> dict[str, int]:
         """Claimed jobs per pod name (one grouped query), bounded like `stats`."""
-        store = await self._store(dsn)
-        try:
-            return await asyncio.wait_for(
-                Queue(store.with_prefix(prefix)).claimed_by_pod(),
-                self._config.statement_timeout + 1,
-            )
-        except TimeoutError:
-            raise DatabaseError(
-                "QueryTimeout", f"claims per pod took longer than {self._config.statement_timeout}s"
-            ) from None
-        except Exception as exc:  # asyncpg raises many types; each means "no claims this tick"
-            raise DatabaseError("QueryFailed", f"reading claims per pod failed: {exc}") from None
+        return await self._bounded(
+            dsn, lambda queue: queue.claimed_by_pod(), "reading claims per pod", prefix=prefix
+        )
 
     async def fence_pods(self, dsn: str, prefix: str, pods: list[str], ttl: float) -> None:
         """Stop `pods` claiming for `ttl` seconds (`Queue.fence_pods`), bounded like `stats`:
@@ -127,18 +121,20 @@ class Databases:
         )
 
     async def _bounded(
-        self, dsn: str, call: Callable[[Queue], Awaitable[None]], what: str, *, prefix: str
-    ) -> None:
+        self, dsn: str, call: Callable[[Queue], Awaitable[_T]], what: str, *, prefix: str
+    ) -> _T:
+        """One call on the prefix's queue, bounded like `stats`; its failure a DatabaseError
+        (asyncpg raises many types: each means "not done this tick")."""
         store = await self._store(dsn)
         try:
-            await asyncio.wait_for(
+            return await asyncio.wait_for(
                 call(Queue(store.with_prefix(prefix))), self._config.statement_timeout + 1
             )
         except TimeoutError:
             raise DatabaseError(
                 "QueryTimeout", f"{what} took longer than {self._config.statement_timeout}s"
             ) from None
-        except Exception as exc:  # asyncpg raises many types; each means "not done this tick"
+        except Exception as exc:
             if _schema_missing(exc):
                 raise DatabaseError(
                     "SchemaMissing", f"{what}: a table is missing: run `venturi migrate` ({exc})"
