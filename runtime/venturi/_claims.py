@@ -6,6 +6,7 @@
   capped kind in its own, never past its cap or the free slots (capped kinds are never
   prefetched, so their work stays pending rather than claimed-and-idle).
 - `plan_slots`: weighted-slot anti-starvation, which tiers each claimed slot may take.
+- `spread_order`: the order a claim's jobs start in, the reserved lower-tier ones spread.
 
 The queues a worker serves are not planned here: one claim statement takes them in order.
 """
@@ -99,3 +100,35 @@ def plan_slots(counter: int, slots: int, ratio: int | None) -> tuple[int, int]:
             else:
                 normal += 1
     return (low, normal)
+
+
+def spread_order(rows: Sequence[tuple[str, int, bool]]) -> list[int]:
+    """The order to start a claim's rows in, as indices into `rows`.
+
+    `rows` are (queue, priority, reserved) in the order the claim returns them: queue by
+    queue, each in priority, then FIFO order. Within each queue, the rows a tier reservation
+    picked from below that queue's top claimed tier ("lower") are spread evenly among the
+    others, each group keeping its order: the i-th of n rows of a group goes at (i + 0.5) / n,
+    lower after the others at a tie. So a worker that holds jobs back (prefetch) keeps the
+    reserved share in every stretch of runs, rather than running them all after the rest.
+    Without such rows (strict priority, one tier, nothing reserved) the order is unchanged.
+    """
+    order: list[int] = []
+    start = 0
+    while start < len(rows):
+        queue = rows[start][0]
+        end = start
+        while end < len(rows) and rows[end][0] == queue:
+            end += 1
+        top = max(priority for _, priority, _ in rows[start:end])
+        lower = [i for i in range(start, end) if rows[i][2] and rows[i][1] < top]
+        if not lower:
+            order.extend(range(start, end))
+        else:
+            taken = set(lower)
+            others = [i for i in range(start, end) if i not in taken]
+            keyed = [((k + 0.5) / len(others), 0, i) for k, i in enumerate(others)]
+            keyed += [((k + 0.5) / len(lower), 1, i) for k, i in enumerate(lower)]
+            order.extend(i for _, _, i in sorted(keyed))
+        start = end
+    return order

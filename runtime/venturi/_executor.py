@@ -109,8 +109,11 @@ async def execute(
     timed_out = False
     try:
         try:
-            with logs.bound(log_extra):  # the handler's own records name its job too
+            bound = logs.bind(log_extra)  # the handler's own records name its job too
+            try:
                 result = await reg.handler(task, ctx, app)
+            finally:
+                logs.unbind(bound)
         finally:
             timed_out = deadline is not None and deadline.close()
     except asyncio.CancelledError:
@@ -311,8 +314,10 @@ def _unrecordable(job: ClaimedJob, policy: Policy, duration_s: float, reason: st
 def attempt_limit(job: ClaimedJob | Any, policy: Policy) -> int | None:
     """Failed executions that end the job: the task's max_attempts or the worker's backstop,
     whichever is lower (None: neither is set)."""
-    limits = [n for n in (job.max_attempts, policy.backstop) if n is not None]
-    return min(limits) if limits else None
+    task, backstop = job.max_attempts, policy.backstop
+    if task is None or backstop is None:
+        return backstop if task is None else task
+    return min(task, backstop)
 
 
 def limit_note(job: ClaimedJob | Any, policy: Policy, failures: int) -> str | None:

@@ -24,7 +24,14 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from venturi._claims import at_cap, claim_groups, claim_room, plan_slots, prefetch_depth
+from venturi._claims import (
+    at_cap,
+    claim_groups,
+    claim_room,
+    plan_slots,
+    prefetch_depth,
+    spread_order,
+)
 from venturi._db.failures import is_database_failure
 from venturi._executor import Registration
 from venturi._outage import Outage, next_delay
@@ -33,6 +40,10 @@ from venturi._runner import Runner, _ewma
 from venturi.postgres import PostgresStore
 
 logger = logging.getLogger("venturi.worker")
+
+ANNOUNCED_MARGIN = 1.0
+"""Seconds before an announced lease end after which a claim announces its own again: the
+rescuers' look at that end must come after the claim has committed, to see its lease."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +101,9 @@ class Producer:
         self._traced = traced
         """Claims also read each job's trace context (the worker's middleware traces)."""
         self._claim_ewma: float | None = None
+        self._announced: dict[str, float] = {}
+        """Per queue, the loop time by which a lease this worker's claims announced ends: every
+        rescuer of that queue looks then, and reads every lease claimed until then."""
         self._slot_counter = 0
         self._unsure = False
         """A claim failed in flight: it may have committed. Reconcile before claiming again."""
@@ -221,10 +235,14 @@ class Producer:
                 default_lease_s=self._lease,
                 reserved_low=low,
                 reserved_normal=normal,
-                held_lease_s=self._shortest_held_lease(began),
+                held_lease_s=(known := self._known_lease_end(began)),
                 traced=self._traced,
             )
             self._claim_ewma = _ewma(self._claim_ewma, loop.time() - began)
+            self._note_announced(claimed, known, began)
+            if len(claimed) > 1:  # in the order to start them (the reserved ones spread)
+                order = spread_order([(j.queue, j.priority, j.reserved) for j in claimed])
+                claimed = [claimed[i] for i in order]
             self._slot_counter += len(claimed)
             self.claimed += len(claimed)
             for job in claimed:
@@ -236,11 +254,31 @@ class Producer:
             claimed_all.extend(claimed)
         return claimed_all
 
-    def _shortest_held_lease(self, now: float) -> float | None:
-        """Seconds until the earliest lease this worker holds ends (None: it holds none).
-        A claim whose leases end sooner announces them to the other workers' rescuers."""
+    def _known_lease_end(self, now: float) -> float | None:
+        """Seconds until the earliest lease end the rescuers of every one of our queues
+        already know of: the shortest lease this worker holds, or a lease end it announced
+        that is still more than `ANNOUNCED_MARGIN` ahead (None: none). A claim whose leases
+        end sooner announces them (see `Rescuer`); one whose leases end later needs not, as
+        the rescuers' look at the known end reads them. So an idle worker that takes one job
+        at a time announces about once per lease, not once per job."""
         ends = [h.renewed_at + h.job.lease_s for h in self._runner.held()]
+        for queue, end in list(self._announced.items()):
+            if end - now <= ANNOUNCED_MARGIN:
+                del self._announced[queue]
+        if self._announced and all(q in self._announced for q in self.queues):
+            ends.append(min(self._announced.values()))
         return min(ends) - now if ends else None
+
+    def _note_announced(self, claimed: list[ClaimedJob], known: float | None, at: float) -> None:
+        """Remember the lease ends this claim announced: per queue, the claim function
+        announces its shortest lease when it ends sooner than `known` (or `known` is None)."""
+        shortest: dict[str, float] = {}
+        for job in claimed:
+            shortest[job.queue] = min(job.lease_s, shortest.get(job.queue, job.lease_s))
+        for queue, lease_s in shortest.items():
+            if known is None or lease_s < known:
+                end = at + lease_s
+                self._announced[queue] = min(end, self._announced.get(queue, end))
 
     async def _next_due(self, kinds: list[str]) -> float | None:
         try:

@@ -152,7 +152,7 @@ def _optional(values: list[_T | None]) -> list[_T | None] | None:
     return None if all(v is None for v in values) else values
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per job, and a frozen init costs ~10x
 class ClaimedJob:
     """A job this worker now holds, as the claim returned it."""
 
@@ -177,13 +177,17 @@ class ClaimedJob:
     """How long one run may take (None: no limit)."""
     batch_id: uuid.UUID | None = None
     """The batch the job is a member or a callback of (`Queue.batch`), else None."""
+    priority: int = 1
+    """Its tier (`Priority`)."""
+    reserved: bool = False
+    """A tier reservation of the claim picked it (see `venturi._claims.spread_order`)."""
 
 
 SettledAs = Literal["completed", "paused", "failed", "dead", "released", "returned"]
 """What a settlement writes (see `job_settle_many`)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: one per job, and a frozen init costs ~10x
 class Settlement:
     """One run's result, to be written (guarded by the claim token) with its journal row."""
 

@@ -9,9 +9,11 @@ through SKIP LOCKED.
 It sleeps until the earliest lease of its queues expires, so a crashed worker's jobs come
 back right after their lease, not a poll later. When it saw nothing claimed it would sleep
 `poll_max`, and miss the lease of a job another worker claims meanwhile; so a claim whose
-leases end sooner than any its worker already held announces them (one notification per
-busy period, not per claim), and `lease_announced` moves the wake-up earlier. No query
-runs while nothing is claimed, beyond one per `poll_max`.
+leases end sooner than any its worker already holds or has announced announces them (about
+one notification per lease, not per claim), and `lease_announced` moves the wake-up
+earlier. Each look reads the next expiry of every lease claimed until then, which is what
+lets a later lease go unannounced. No query runs while nothing is claimed, beyond one per
+`poll_max`.
 
 Started by the worker; calls `PostgresStore.next_lease_expiry` and `recover_stale`.
 """

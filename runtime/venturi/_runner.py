@@ -15,7 +15,6 @@ import logging
 import uuid
 from collections import Counter, deque
 from collections.abc import Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
 from ulid import ULID
@@ -42,20 +41,23 @@ def _ewma(previous: float | None, sample: float, alpha: float = 0.2) -> float:
     return sample if previous is None else previous + alpha * (sample - previous)
 
 
-@dataclass(eq=False)
 class Held:
-    """One job this worker holds: running, or prefetched and waiting for a slot."""
+    """One job this worker holds: running, or prefetched and waiting for a slot. (A plain
+    class with slots: one is made per job, on the hot path.)"""
 
-    job: ClaimedJob
-    reg: Registration
-    renewed_at: float
-    """Loop time just before the claim or the last renewal was sent (so the lease surely
-    lasts until `renewed_at + lease_s` by the database's clock too)."""
-    cancellation: Cancellation = field(default_factory=Cancellation)
-    progress: ProgressCell = field(default_factory=ProgressCell)
-    """The run's `ctx.progress`, sent with lease renewals."""
-    task: asyncio.Task[None] | None = None
-    lost: bool = False
+    __slots__ = ("cancellation", "job", "lost", "progress", "reg", "renewed_at", "task")
+
+    def __init__(self, job: ClaimedJob, reg: Registration, renewed_at: float) -> None:
+        self.job = job
+        self.reg = reg
+        self.renewed_at = renewed_at
+        """Loop time just before the claim or the last renewal was sent (so the lease surely
+        lasts until `renewed_at + lease_s` by the database's clock too)."""
+        self.cancellation = Cancellation()
+        self.progress = ProgressCell()
+        """The run's `ctx.progress`, sent with lease renewals."""
+        self.task: asyncio.Task[None] | None = None
+        self.lost = False
 
     @property
     def abort_at(self) -> float:
@@ -151,7 +153,7 @@ class Runner:
             self._start(held)
         else:
             self.buffer.append(held)
-            self.changed.set()  # its lease needs renewing too
+        self.changed.set()  # a new lease to renew (a buffered job's start changes none)
 
     def refuse(self, job: ClaimedJob, note: str) -> None:
         """Fail a claimed job for good without running it (its kind has no task here)."""
@@ -179,7 +181,6 @@ class Runner:
                 Started(ULID.from_bytes(job.id.bytes), job.kind, job.queue, job.run_count)
             )
         held.task = asyncio.create_task(self._execute(held), name=f"venturi-job-{job.id}")
-        self.changed.set()
 
     async def _execute(self, held: Held) -> None:
         job = held.job

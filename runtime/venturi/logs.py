@@ -28,9 +28,8 @@ import logging
 import re
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
-from contextvars import ContextVar
+from contextvars import ContextVar, Token
 from datetime import UTC, datetime
-from types import MappingProxyType
 
 import msgspec
 from ulid import ULID
@@ -48,9 +47,9 @@ REDACTED = "***"
 RECORD_FIELDS = ("job_id", "kind", "queue", "run", "worker")
 """The attributes a record's `extra` may set that the JSON line carries."""
 
-_bound: ContextVar[Mapping[str, object]] = ContextVar(
-    "venturi_log_fields", default=MappingProxyType({})
-)
+_bound: ContextVar[tuple[Mapping[str, object], ...]] = ContextVar("venturi_log_fields", default=())
+"""The field sets bound around the running code, outermost first (merged only when a record
+is formatted: most runs log nothing)."""
 _encoder = msgspec.json.Encoder(enc_hook=str)  # a ULID, a path, anything else: its str()
 
 
@@ -58,18 +57,74 @@ _encoder = msgspec.json.Encoder(enc_hook=str)  # a ULID, a path, anything else: 
 def bound(fields: Mapping[str, object]) -> Iterator[None]:
     """Add `fields` to every JSON record logged inside the block, in this task and the tasks
     it starts (a context variable)."""
-    token = _bound.set({**_bound.get(), **fields})
+    token = bind(fields)
     try:
         yield
     finally:
-        _bound.reset(token)
+        unbind(token)
 
 
-def job_fields(job_id: uuid.UUID | ULID, kind: str, queue: str, run: int) -> dict[str, object]:
-    """A job's fields, for a record's `extra` (or `bound`); the id as a ULID, the form
-    `venturi journal` and the API take, also where the store's record holds a UUID."""
-    ulid = ULID.from_bytes(job_id.bytes) if isinstance(job_id, uuid.UUID) else job_id
-    return {"job_id": str(ulid), "kind": kind, "queue": queue, "run": run}
+def bind(fields: Mapping[str, object]) -> Token[tuple[Mapping[str, object], ...]]:
+    """`bound` without the block, for the worker's hot path: add `fields` until
+    `unbind(token)`."""
+    return _bound.set((*_bound.get(), fields))
+
+
+def unbind(token: Token[tuple[Mapping[str, object], ...]]) -> None:
+    _bound.reset(token)
+
+
+def bound_fields() -> dict[str, object]:
+    """The fields bound where this is called, the innermost binding of a name winning."""
+    merged: dict[str, object] = {}
+    for fields in _bound.get():
+        merged.update(fields)
+    return merged
+
+
+class JobFields(Mapping[str, object]):
+    """A job's fields, for a record's `extra` (or `bound`): job_id, kind, queue and run. The
+    id reads as a ULID, the form `venturi journal` and the API take, also where the store's
+    record holds a UUID; it is rendered only when read, as every run binds these and most
+    log nothing."""
+
+    __slots__ = ("_id", "_kind", "_queue", "_run")
+    _KEYS = ("job_id", "kind", "queue", "run")
+
+    def __init__(self, job_id: uuid.UUID | ULID, kind: str, queue: str, run: int) -> None:
+        self._id: uuid.UUID | ULID | str = job_id
+        self._kind = kind
+        self._queue = queue
+        self._run = run
+
+    def __getitem__(self, key: str) -> object:
+        if key == "job_id":
+            if isinstance(self._id, uuid.UUID):
+                self._id = ULID.from_bytes(self._id.bytes)
+            if isinstance(self._id, ULID):
+                self._id = str(self._id)
+            return self._id
+        if key == "kind":
+            return self._kind
+        if key == "queue":
+            return self._queue
+        if key == "run":
+            return self._run
+        raise KeyError(key)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._KEYS)
+
+    def __len__(self) -> int:
+        return len(self._KEYS)
+
+    def __repr__(self) -> str:
+        return f"JobFields({dict(self)!r})"
+
+
+def job_fields(job_id: uuid.UUID | ULID, kind: str, queue: str, run: int) -> JobFields:
+    """A job's fields, for a record's `extra` (or `bound`): see `JobFields`."""
+    return JobFields(job_id, kind, queue, run)
 
 
 class Redactor:
@@ -116,7 +171,7 @@ class JsonFormatter(logging.Formatter):
             "logger": record.name,
             "message": self._redact(_message(record)),
         }
-        for key, value in _bound.get().items():
+        for key, value in bound_fields().items():
             line.setdefault(key, value)
         attrs = record.__dict__
         for key in RECORD_FIELDS:

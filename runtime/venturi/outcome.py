@@ -62,7 +62,7 @@ class Outcome:
         `ResultTooLarge` past `RESULT_MAX_BYTES`) and fails the run, with that message.
         """
         if result is None:
-            return cls("completed", note)
+            return _COMPLETED if note is None and cls is Outcome else cls("completed", note)
         encoded = encode_json(
             result,
             what="Outcome.completed(result=...)",
@@ -79,6 +79,10 @@ class Outcome:
         backoff. `pause_in(0)` yields at once (the job goes back to the end of its tier).
         """
         return cls("paused", note, to_seconds(delay, name="pause_in(delay)"))
+
+
+_COMPLETED = Outcome("completed")
+"""`Outcome.completed()`, made once: outcomes are immutable, and most runs return this one."""
 
 
 def _text(value: object, what: str) -> str:

@@ -753,12 +753,15 @@ class PostgresStore:
         """Claim up to `limit` jobs of `queues`, emptying them in that order (one statement),
         of `kinds` (None: every kind but `skip_kinds`);
         within a queue `reserved_low` of the slots go to LOW jobs first and `reserved_normal`
-        to NORMAL-or-LOW ones (anti-starvation), the rest to any tier.
+        to NORMAL-or-LOW ones (anti-starvation), the rest to any tier. Jobs come back queue
+        by queue, each in priority, then FIFO order; `_claims.spread_order` gives the order
+        to start them in.
 
-        `held_lease_s` is how long the shortest lease this worker already holds has left
-        (None: it holds none). A claim whose leases end sooner than that announces them
-        (`listen(on_lease=...)`), so every other worker's rescuer knows when to look:
-        one notification per busy period, not per claim (see `Rescuer`). `traced` also
+        `held_lease_s` is how long the earliest lease end the rescuers already know of has
+        left: the shortest lease this worker holds, or one it announced (None: none). A claim
+        whose leases end sooner than that announces them (`listen(on_lease=...)`), so every
+        other worker's rescuer knows when to look: about one notification per lease, not
+        per claim (see `Rescuer` and `Producer._known_lease_end`). `traced` also
         reads each job's stored trace context (for a worker whose middleware traces).
         """
         rows = await self._run.fetch(
@@ -795,6 +798,8 @@ class PostgresStore:
                 max_attempts=r["max_attempts"],
                 timeout_s=r["timeout_s"],
                 batch_id=r["batch_id"],
+                priority=r["priority"],
+                reserved=r["reserved"],
             )
             for r in rows
         ]

@@ -58,7 +58,7 @@ async def test_a_fence_waits_for_the_claims_of_its_pod_in_flight(queue: Queue, p
         tx = conn.transaction()
         await tx.start()
         rows = await conn.fetch(
-            f"SELECT id FROM {prefix}_claim_v6(ARRAY['default'], ARRAY['{Chore.KIND}'], "
+            f"SELECT id FROM {prefix}_claim_v7(ARRAY['default'], ARRAY['{Chore.KIND}'], "
             "ARRAY[]::text[], 1, 0, 0, 'worker-a/host:1#x', 'worker-a', 60, NULL, 'x')"
         )
         assert len(rows) == 1  # claimed, not committed

@@ -153,6 +153,72 @@ async def test_an_idle_worker_recovers_a_dead_workers_job_right_after_its_lease(
     assert 1.0 <= row["after"] < 2.0  # the lease (1 s) plus at most a second
 
 
+async def test_a_worker_taking_one_job_at_a_time_announces_about_once_per_lease(
+    queue: Queue, store: PostgresStore, pg_dsn: str
+) -> None:
+    """An idle worker's claim announces its lease (above), but the next claims, made while
+    that announced end is still ahead, need not: every rescuer looks then and reads the
+    leases claimed until then. Twenty jobs run one after another announce once."""
+    notices: list[str] = []
+    sentinel = asyncio.Event()
+
+    def heard(_c: object, _pid: int, _channel: str, payload: str) -> None:
+        if payload.startswith("!lease "):
+            notices.append(payload)
+        elif payload == "test-sentinel":
+            sentinel.set()
+
+    listener = await asyncpg.connect(pg_dsn)
+    await listener.add_listener(store.channel, heard)
+    try:
+        worker = Worker(None, store, concurrency=1, lease=30)
+        worker.register(Ping, done)
+        async with running(worker):
+            for n in range(20):
+                await until_status(queue, await queue.enqueue(Ping(n)), JobStatus.COMPLETED)
+            # Notifications arrive in commit order: once this one is here, all are.
+            await listener.execute("SELECT pg_notify($1, 'test-sentinel')", store.channel)
+            await asyncio.wait_for(sentinel.wait(), 10)
+    finally:
+        await listener.close()
+    assert len(notices) == 1, notices
+    assert notices[0].endswith(" default")
+
+
+async def test_a_lease_claimed_after_an_announced_one_is_recovered_right_after_it_ends(
+    queue: Queue, store: PostgresStore, prefix: str, pool: asyncpg.Pool
+) -> None:
+    """What the announcement rule above relies on: a dead worker announced a 1 s lease, then
+    claimed a job with a 1.5 s lease without announcing it. The idle rescuer's look at the
+    announced end reads the second lease too, and recovers that job right after it ends,
+    not a `poll_max` (30 s) later."""
+    worker = Worker(None, store, concurrency=1, poll_max=30)
+    worker.register(Ping, done)
+    async with running(worker):
+        await asyncio.sleep(0.2)  # let B's rescuer take its first look (nothing claimed)
+        await queue.enqueue(Pong(1))
+        await queue.enqueue(Pong(2))
+        claim = functools.partial(
+            store.claim, queues=["default"], kinds=[Pong.KIND], limit=1, worker="dead:1#0000"
+        )
+        (first,) = await claim(pod=None, default_lease_s=1.0)
+        (second,) = await claim(pod=None, default_lease_s=1.5, held_lease_s=0.9)
+
+        async def recovered() -> bool:
+            entries = await store.journal(second.id)
+            return any(e.outcome is JournalOutcome.STALE_RECOVERED for e in entries)
+
+        await until(recovered, limit=10)
+        row = await pool.fetchrow(
+            f"SELECT extract(epoch FROM (SELECT at FROM {prefix}_journal WHERE job_id = $1) "
+            f"- claimed_at)::float8 AS after FROM {prefix}_jobs WHERE id = $1",
+            second.id,
+        )
+    assert first.lease_s == 1.0 and second.lease_s == 1.5
+    assert row is not None
+    assert 1.5 <= row["after"] < 2.5  # its lease (1.5 s) plus at most a second
+
+
 # -- small things that must be right ----------------------------------------------------------
 
 

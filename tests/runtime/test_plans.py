@@ -166,7 +166,7 @@ async def test_the_claim_function_always_runs_on_generic_plans(store: PostgresSt
     """Custom plans would re-plan the claim's statement for every queue of every claim, and
     planning was most of a claim's cost (most of all for the empty queues a strict-order
     claim passes over): the function pins generic plans, which the test above checks."""
-    for version in ("v5", "v6"):  # the one of this release, and the one before it
+    for version in ("v6", "v7"):  # the one of this release, and the one before it
         config = await store._pool_or_raise().fetchval(
             "SELECT proconfig FROM pg_proc WHERE proname = $1", f"{store.prefix}_claim_{version}"
         )

@@ -19,7 +19,7 @@ from venturi import (
     TaskError,
     Worker,
 )
-from venturi._claims import plan_slots
+from venturi._claims import plan_slots, spread_order
 
 from .helpers import running, until
 
@@ -70,6 +70,53 @@ def test_slot_plan() -> None:
     assert plan_slots(0, 16, 4) == (1, 3)  # slot 15 is LOW-only; 3, 7, 11 NORMAL-or-LOW
     total = [sum(plan_slots(i, 1, 4)) for i in range(1600)]
     assert sum(total) == 400  # one slot in four is reserved below HIGH
+
+
+def test_spread_order_leaves_a_claim_without_reserved_lower_jobs_alone() -> None:
+    # Reserved jobs of the top tier, and lower-tier jobs no reservation picked (the claim
+    # ran out of higher ones), keep the claim's priority, then FIFO order.
+    one_tier = [("default", 1, i % 4 == 3) for i in range(10)]
+    assert spread_order(one_tier) == list(range(10))
+    overflow = [("default", 2, False)] * 3 + [("default", 0, False)] * 3
+    assert spread_order(overflow) == list(range(6))
+    assert spread_order([]) == []
+
+
+def test_spread_order_spreads_reserved_lower_jobs_evenly_per_queue() -> None:
+    high = [("a", 2, False)] * 6
+    low = [("a", 0, True)] * 2
+    # The i-th of n goes at (i + 0.5) / n: HIGH at 1/12, 3/12, ... 11/12; LOW at 3/12, 9/12
+    # (after the HIGH job at the same place).
+    assert spread_order(high + low) == [0, 1, 6, 2, 3, 4, 7, 5]
+    # Each queue is spread on its own, against its own top tier: in "b" the reserved NORMAL
+    # job is of the top tier and stays in place; the reserved LOW one goes between the two.
+    b = [("b", 1, True), ("b", 1, False), ("b", 0, True)]
+    assert spread_order(high + low + b) == [0, 1, 6, 2, 3, 4, 7, 5, 8, 10, 9]
+
+
+async def test_the_worker_starts_a_claim_in_the_order_the_previous_release_did(
+    queue: Queue,
+) -> None:
+    """claim_v6 spread the reserved lower-tier jobs in SQL; claim_v7 leaves that to
+    `spread_order`. The same claim of a mixed backlog, through both, starts the same jobs
+    in the same order."""
+    await queue.enqueue_many([Work(2) for _ in range(30)], priority=Priority.HIGH)
+    await queue.enqueue_many([Work(1) for _ in range(10)], priority=Priority.NORMAL)
+    await queue.enqueue_many([Work(0) for _ in range(10)], priority=Priority.LOW)
+    prefix = queue.store.prefix
+    args = "(ARRAY['default'], ARRAY['work'], ARRAY[]::text[], 40, 3, 7, 'w', NULL, 60, NULL, 'x')"
+    async with queue.store._pool_or_raise().acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        before = [r["id"] for r in await conn.fetch(f"SELECT id FROM {prefix}_claim_v6{args}")]
+        await tx.rollback()
+        rows = await conn.fetch(
+            f"SELECT id, queue, priority, reserved FROM {prefix}_claim_v7{args}"
+        )
+    order = spread_order([(r["queue"], r["priority"], r["reserved"]) for r in rows])
+    assert len(before) == 40
+    assert sum(r["reserved"] for r in rows) == 10
+    assert [rows[i]["id"] for i in order] == before
 
 
 @dataclass

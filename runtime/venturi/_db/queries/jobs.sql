@@ -55,18 +55,19 @@ SELECT pg_notify(:channel, kind) FROM inserted;
 -- of the kinds :kinds (NULL: every kind but :skip_kinds; see the claim function's definitions
 -- in migrations 0004 and after for the claim order, the tier reservations
 -- :reserved_low/:reserved_normal and the lease announcement :held_lease_s on :channel). Rows
--- come back in claim order. With :traced (a worker that traces its runs), each job's stored
+-- come back queue by queue, each in priority, then FIFO order, with each row's priority and
+-- whether a reservation picked it (the worker spreads those: `_claims.spread_order`). With :traced (a worker that traces its runs), each job's stored
 -- trace context too: one primary-key probe per job, never made otherwise. The probe reads
 -- with the statement's snapshot, which can predate a job the function claims (its queries
 -- take their own): such a job's context reads NULL and its span is simply not linked (the
 -- context never changes after the insert).
 SELECT c.id, c.kind, c.queue, c.payload, c.carry, c.run_count, c.failures, c.claim_token,
        c.lease_s, c.backoff_base_s, c.backoff_cap_s, c.waited_s, c.history, c.max_attempts,
-       c.timeout_s, c.batch_id,
+       c.timeout_s, c.batch_id, c.priority, c.reserved,
        CASE WHEN :traced::bool THEN
            (SELECT j.trace_context FROM {prefix}_jobs AS j WHERE j.id = c.id) END
            AS trace_context
-FROM {prefix}_claim_v6(:queues, :kinds, :skip_kinds, :n, :reserved_low, :reserved_normal,
+FROM {prefix}_claim_v7(:queues, :kinds, :skip_kinds, :n, :reserved_low, :reserved_normal,
                        :worker, :pod, :default_lease_s, :held_lease_s, :channel) AS c;
 
 -- job_settle_many --
