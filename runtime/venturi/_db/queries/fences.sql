@@ -1,7 +1,7 @@
 -- Scale-in fences, in {prefix}_fences (migration 0018): pods about to be removed claim
 -- nothing. A fence takes each pod's fence lock exclusively; every claim of a pod takes it
--- shared (claim_v6), so a fence commits only after the claims of its pods in flight did,
--- and a claim that starts after it sees it.
+-- shared (claim_v6 and v7), so a fence commits only after the claims of its pods in flight
+-- did, and a claim that starts after it sees it.
 
 -- fences_set --
 -- Fence :pods until :ttl_s seconds from now (a pod fenced already: until the later of the
