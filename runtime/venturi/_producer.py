@@ -284,7 +284,7 @@ class Producer:
         try:
             if self._every_kind:
                 return await self._store.next_due_in_queues(self.queues)
-            return await self._store.next_due(kinds)
+            return await self._store.next_due(kinds, queues=self.queues)
         except Exception as exc:
             if not is_database_failure(exc):
                 raise

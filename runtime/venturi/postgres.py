@@ -988,9 +988,11 @@ class PostgresStore:
         )
         return value
 
-    async def next_due(self, kinds: Sequence[str]) -> float | None:
-        """Seconds until the next scheduled job of these kinds becomes eligible."""
-        value: float | None = await self._run.fetchval(self._q["job_next_due"], kinds=list(kinds))
+    async def next_due(self, kinds: Sequence[str], *, queues: Sequence[str]) -> float | None:
+        """Seconds until the next scheduled job of these kinds in `queues` becomes eligible."""
+        value: float | None = await self._run.fetchval(
+            self._q["job_next_due"], kinds=list(kinds), queues=list(queues)
+        )
         return value
 
     async def next_due_in_queues(self, queues: Sequence[str]) -> float | None:

@@ -171,3 +171,55 @@ async def test_the_claim_function_always_runs_on_generic_plans(store: PostgresSt
             "SELECT proconfig FROM pg_proc WHERE proname = $1", f"{store.prefix}_claim_{version}"
         )
         assert config == ["plan_cache_mode=force_generic_plan"], version
+
+
+@pytest.mark.filterwarnings("ignore:.*active log listener")
+async def test_the_next_due_probe_reads_one_index_entry_per_queue_and_kind(
+    pg_dsn: str, prefix: str
+) -> None:
+    """The worker's next-due timer (after a claim that came back short): a probe of the
+    pending (queue, kind, run_at) index per queue and kind, under a generic plan too, also
+    with many jobs scheduled; never a scan of the jobs or of the whole index."""
+    plans: list[str] = []
+
+    def collect(_conn: object, message: asyncpg.PostgresLogMessage) -> None:
+        if "plan:" in message.message:
+            plans.append(message.message)
+
+    async def explain_everything(conn: asyncpg.Connection) -> None:
+        conn.add_log_listener(collect)
+
+    dsn = (
+        f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}plan_cache_mode=force_generic_plan"
+        "&session_preload_libraries=auto_explain&auto_explain.log_min_duration=0"
+        "&auto_explain.log_analyze=on&auto_explain.log_level=notice"
+    )
+    setup = await PostgresStore.connect(pg_dsn, prefix=prefix)
+    try:
+        await setup.migrate()
+        for name in ("a", "b"):
+            await Queue(setup, queue=name).enqueue_many(Ping(i) for i in range(5000))
+        await setup._pool_or_raise().execute(
+            f"UPDATE {prefix}_jobs SET run_at = now() + CASE queue WHEN 'a' THEN "
+            "interval '1 hour' ELSE interval '1 minute' END"
+        )
+        await setup._pool_or_raise().execute(f"ANALYZE {prefix}_jobs")
+    finally:
+        await setup.close()
+    store = await PostgresStore.connect(dsn, prefix=prefix, setup=explain_everything)
+    try:
+        for _ in range(7):  # past the five runs after which a plan may turn generic
+            due = await store.next_due(["ping", "pong"], queues=["a"])
+            assert due is not None and 3500 < due <= 3600  # b's jobs, due sooner, are not a's
+    finally:
+        await store.close()
+    probes = [p for p in plans if "ORDER BY run_at LIMIT 1" in p]
+    assert probes, "no plan of the next-due probe was logged"
+    for plan in probes:
+        body = plan.split("plan:", 1)[1]
+        body = body[body.index("\n", body.rindex(";")) :]
+        assert f"Seq Scan on {prefix}_jobs" not in body, body
+        assert f"{prefix}_jobs_pending_queue_kind_idx" in body, body
+        scanned = r"Index (?:Only )?Scan.*actual time=\S+ rows=(\d+)"
+        read = [int(n) for n in re.findall(scanned, body)]
+        assert read and max(read) <= 1, body  # one entry read per probe, not the range

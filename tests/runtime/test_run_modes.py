@@ -69,6 +69,19 @@ async def test_stop_when_empty_waits_for_retries_and_what_runs(queue: Queue) -> 
     assert set((await statuses(queue)).values()) == {JobStatus.COMPLETED}
 
 
+async def test_stop_when_empty_looks_at_its_own_queues_only(queue: Queue) -> None:
+    """A job of the same kind scheduled an hour from now in another queue is not this
+    worker's to wait for: it returns once its own queue is done."""
+    await queue.enqueue_many([Item(1), Item(2)])
+    elsewhere = await Queue(queue.store, queue="elsewhere").enqueue_in(Item(3), 3600)
+    seen: list[int] = []
+    worker = counting_worker(queue, seen, concurrency=2)
+    await asyncio.wait_for(worker.run(stop_when_empty=True), 30)
+    assert sorted(seen) == [1, 2]
+    job = await queue.job(elsewhere)
+    assert job is not None and job.status is JobStatus.PENDING
+
+
 async def test_max_jobs_claims_that_many_and_lets_them_finish(queue: Queue) -> None:
     await queue.enqueue_many(Item(i) for i in range(20))
     seen: list[int] = []

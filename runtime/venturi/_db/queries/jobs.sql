@@ -187,13 +187,14 @@ WITH released AS (
 SELECT released.id, released.kind, (SELECT count(*) FROM woken) AS woken FROM released;
 
 -- job_next_due --
--- Seconds until the next pending job of these kinds becomes eligible (NULL when none is
--- scheduled). One index probe per kind.
+-- Seconds until the next pending job of these kinds in :queues becomes eligible (NULL when
+-- none is scheduled). One probe of the (queue, kind, run_at) index per queue and kind.
 SELECT extract(epoch FROM min(t.run_at) - now())::float8 AS due_in_s
-FROM unnest(:kinds::text[]) AS k(kind)
+FROM unnest(:queues::text[]) AS q(queue)
+CROSS JOIN unnest(:kinds::text[]) AS k(kind)
 CROSS JOIN LATERAL (
     SELECT run_at FROM {prefix}_jobs
-    WHERE status = 'pending' AND kind = k.kind AND run_at > now()
+    WHERE status = 'pending' AND queue = q.queue AND kind = k.kind AND run_at > now()
     ORDER BY run_at LIMIT 1
 ) AS t;
 
