@@ -162,7 +162,8 @@ async def test_a_worker_taking_one_job_at_a_time_announces_about_once_per_lease(
     notices: list[str] = []
     sentinel = asyncio.Event()
 
-    def heard(_c: object, _pid: int, _channel: str, payload: str) -> None:
+    def heard(_c: object, _pid: int, _channel: str, payload: object) -> None:
+        assert isinstance(payload, str)
         if payload.startswith("!lease "):
             notices.append(payload)
         elif payload == "test-sentinel":
