@@ -11,7 +11,7 @@ import os
 import signal
 import sys
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -772,6 +772,27 @@ async def claim_for(store: PostgresStore, pod: str, n: int) -> None:
     )
 
 
+async def mailer_pool(
+    kube: KubeHarness,
+    store: PostgresStore,
+    pg_dsn: str,
+    *,
+    pods: int,
+    jobs: int,
+    claims: Mapping[str, int],
+    annotations: Mapping[str, str] | None = None,
+) -> None:
+    """The "mailer" Deployment with `pods` replicas and pods mailer-a, mailer-b, ...; its
+    database holds `jobs` mail jobs, `claims` of them claimed per pod (no JobQueue yet)."""
+    await Queue(store).enqueue_many(Mail() for _ in range(jobs))
+    for pod, n in claims.items():
+        await claim_for(store, pod, n)
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=pods)
+    for pod in ("mailer-a", "mailer-b", "mailer-c")[:pods]:
+        kube.pod(NS, pod, labels={"app": "mailer"}, annotations=annotations)
+
+
 async def until_fenced(store: PostgresStore, pods: list[str]) -> None:
     """Poll the database (the operator writes fences there; nothing here to await)."""
     queue = Queue(store)
@@ -790,13 +811,15 @@ async def test_a_scale_in_marks_idle_pods_and_spares_busy_ones(
     and scales in by that pod only. Once the ReplicaSet has had its time, the fence is
     lifted (here at the next tick: FENCE_SETTLE set to 0)."""
     monkeypatch.setattr(scalein, "FENCE_SETTLE", 0.0)
-    await Queue(store).enqueue_many(Mail() for _ in range(3))
-    await claim_for(store, "mailer-a", 2)
-    await claim_for(store, "mailer-b", 1)
-    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
-    worker(kube, "mailer", "mail", replicas=3)
-    for pod in ("mailer-a", "mailer-b", "mailer-c"):
-        kube.pod(NS, pod, labels={"app": "mailer"}, annotations={COST: "7"})
+    await mailer_pool(
+        kube,
+        store,
+        pg_dsn,
+        pods=3,
+        jobs=3,
+        claims={"mailer-a": 2, "mailer-b": 1},
+        annotations={COST: "7"},
+    )
     kube.pod(NS, "other", labels={"app": "other"})
     kube.jobqueue(NS, "mail", spec(store.prefix))
 
@@ -846,12 +869,7 @@ async def test_of_two_victims_the_one_that_raced_its_fence_is_kept(
     """Three pods, one busy; the load wants one replica, so the scale-in would take both idle
     pods. One claims a job just before its fence: the operator takes only the other (scaled
     to two), with cost -1, and the one that raced keeps its job and is not fenced."""
-    await Queue(store).enqueue_many(Mail() for _ in range(4))
-    await claim_for(store, "mailer-a", 2)
-    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
-    worker(kube, "mailer", "mail", replicas=3)
-    for pod in ("mailer-a", "mailer-b", "mailer-c"):
-        kube.pod(NS, pod, labels={"app": "mailer"})
+    await mailer_pool(kube, store, pg_dsn, pods=3, jobs=4, claims={"mailer-a": 2})
     kube.jobqueue(NS, "mail", spec(store.prefix))
 
     async with operator(kube) as reconciler:
@@ -880,12 +898,7 @@ async def test_a_scale_in_waits_when_its_pods_cannot_be_fenced(
 ) -> None:
     """The fence cannot be written this tick (the database refuses it): the operator takes no
     pod it has not fenced, and says why."""
-    await Queue(store).enqueue_many(Mail() for _ in range(2))
-    await claim_for(store, "mailer-a", 1)
-    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
-    worker(kube, "mailer", "mail", replicas=2)
-    for pod in ("mailer-a", "mailer-b"):
-        kube.pod(NS, pod, labels={"app": "mailer"})
+    await mailer_pool(kube, store, pg_dsn, pods=2, jobs=2, claims={"mailer-a": 1})
     kube.jobqueue(NS, "mail", spec(store.prefix) | {"interval": 300})
 
     async with operator(kube) as reconciler:
@@ -913,13 +926,8 @@ async def test_without_the_fences_table_a_scale_in_spares_by_cost_as_before(
 ) -> None:
     """A database not migrated to 18 yet (its fences table is missing) does not stop scale-ins:
     busy pods are spared by their deletion cost alone, as before the fence."""
-    await Queue(store).enqueue_many(Mail() for _ in range(2))
-    await claim_for(store, "mailer-a", 1)
+    await mailer_pool(kube, store, pg_dsn, pods=2, jobs=2, claims={"mailer-a": 1})
     await store._pool.execute(f"DROP TABLE {store.prefix}_fences CASCADE")
-    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
-    worker(kube, "mailer", "mail", replicas=2)
-    for pod in ("mailer-a", "mailer-b"):
-        kube.pod(NS, pod, labels={"app": "mailer"})
     kube.jobqueue(NS, "mail", spec(store.prefix))
 
     async with operator(kube):
@@ -962,12 +970,7 @@ async def test_a_pod_that_claims_a_job_as_it_is_fenced_is_kept(
     moment before its fence (here: the claim commits just before the fence is written). The
     operator reads the claims again after the fence, keeps that pod, lifts its fence, and
     scales in by no pod it has not fenced."""
-    await Queue(store).enqueue_many(Mail() for _ in range(4))
-    await claim_for(store, "mailer-a", 2)
-    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
-    worker(kube, "mailer", "mail", replicas=2)
-    for pod in ("mailer-a", "mailer-b"):
-        kube.pod(NS, pod, labels={"app": "mailer"})
+    await mailer_pool(kube, store, pg_dsn, pods=2, jobs=4, claims={"mailer-a": 2})
     kube.jobqueue(NS, "mail", spec(store.prefix) | {"interval": 300})
 
     async with operator(kube) as reconciler:
@@ -1006,13 +1009,7 @@ async def test_a_scale_in_held_back_by_busy_pods_looks_again_within_seconds(
     one pod's job goes, the scale-in follows at the next tick, which comes within seconds
     (cadence.next_wait), not after the JobQueue's interval of five minutes -- nothing else
     (no NOTIFY, no spec change) wakes the loop here."""
-    await Queue(store).enqueue_many(Mail() for _ in range(2))
-    await claim_for(store, "mailer-a", 1)
-    await claim_for(store, "mailer-b", 1)
-    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
-    worker(kube, "mailer", "mail", replicas=2)
-    for pod in ("mailer-a", "mailer-b"):
-        kube.pod(NS, pod, labels={"app": "mailer"})
+    await mailer_pool(kube, store, pg_dsn, pods=2, jobs=2, claims={"mailer-a": 1, "mailer-b": 1})
     kube.jobqueue(NS, "mail", spec(store.prefix) | {"interval": 300})
 
     async with operator(kube) as reconciler:

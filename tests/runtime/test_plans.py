@@ -11,6 +11,7 @@ seconds.
 from __future__ import annotations
 
 import re
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 import asyncpg
@@ -28,9 +29,13 @@ class Ping(Task):
     n: int
 
 
-# Each acquire attaches the listener again (asyncpg drops listeners, warning, on release).
-@pytest.mark.filterwarnings("ignore:.*active log listener")
-async def test_batch_statements_stay_linear_under_generic_plans(pg_dsn: str, prefix: str) -> None:
+def explaining(
+    pg_dsn: str, option: str
+) -> tuple[str, list[str], Callable[[asyncpg.Connection], Awaitable[None]]]:
+    """A DSN whose sessions run on generic plans and log every statement's plan (auto_explain,
+    with `auto_explain.<option>` on), the list the logged plans land in, and the store `setup`
+    that collects them. (asyncpg passes DSN parameters it does not know to the server as
+    session settings.)"""
     plans: list[str] = []
 
     def collect(_conn: object, message: asyncpg.PostgresLogMessage) -> None:
@@ -40,12 +45,18 @@ async def test_batch_statements_stay_linear_under_generic_plans(pg_dsn: str, pre
     async def explain_everything(conn: asyncpg.Connection) -> None:
         conn.add_log_listener(collect)
 
-    # asyncpg passes DSN parameters it does not know to the server as session settings.
     dsn = (
         f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}plan_cache_mode=force_generic_plan"
         "&session_preload_libraries=auto_explain&auto_explain.log_min_duration=0"
-        "&auto_explain.log_analyze=on&auto_explain.log_level=notice"
+        f"&auto_explain.{option}=on&auto_explain.log_level=notice"
     )
+    return dsn, plans, explain_everything
+
+
+# Each acquire attaches the listener again (asyncpg drops listeners, warning, on release).
+@pytest.mark.filterwarnings("ignore:.*active log listener")
+async def test_batch_statements_stay_linear_under_generic_plans(pg_dsn: str, prefix: str) -> None:
+    dsn, plans, explain_everything = explaining(pg_dsn, "log_analyze")
     store = await PostgresStore.connect(dsn, prefix=prefix, setup=explain_everything)
     try:
         await store.migrate()
@@ -116,20 +127,7 @@ async def test_the_claim_is_an_index_scan_of_each_queue_under_generic_plans(
 ) -> None:
     """The claim function's statement, run per queue in order: a range scan of the claim
     index, never a sequential scan of the jobs table, also with a cached generic plan."""
-    plans: list[str] = []
-
-    def collect(_conn: object, message: asyncpg.PostgresLogMessage) -> None:
-        if "plan:" in message.message:
-            plans.append(message.message)
-
-    async def explain_everything(conn: asyncpg.Connection) -> None:
-        conn.add_log_listener(collect)
-
-    dsn = (
-        f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}plan_cache_mode=force_generic_plan"
-        "&session_preload_libraries=auto_explain&auto_explain.log_min_duration=0"
-        "&auto_explain.log_nested_statements=on&auto_explain.log_level=notice"
-    )
+    dsn, plans, explain_everything = explaining(pg_dsn, "log_nested_statements")
     setup = await PostgresStore.connect(pg_dsn, prefix=prefix)
     try:
         await setup.migrate()
@@ -180,20 +178,7 @@ async def test_the_next_due_probe_reads_one_index_entry_per_queue_and_kind(
     """The worker's next-due timer (after a claim that came back short): a probe of the
     pending (queue, kind, run_at) index per queue and kind, under a generic plan too, also
     with many jobs scheduled; never a scan of the jobs or of the whole index."""
-    plans: list[str] = []
-
-    def collect(_conn: object, message: asyncpg.PostgresLogMessage) -> None:
-        if "plan:" in message.message:
-            plans.append(message.message)
-
-    async def explain_everything(conn: asyncpg.Connection) -> None:
-        conn.add_log_listener(collect)
-
-    dsn = (
-        f"{pg_dsn}{'&' if '?' in pg_dsn else '?'}plan_cache_mode=force_generic_plan"
-        "&session_preload_libraries=auto_explain&auto_explain.log_min_duration=0"
-        "&auto_explain.log_analyze=on&auto_explain.log_level=notice"
-    )
+    dsn, plans, explain_everything = explaining(pg_dsn, "log_analyze")
     setup = await PostgresStore.connect(pg_dsn, prefix=prefix)
     try:
         await setup.migrate()
