@@ -147,12 +147,16 @@ class Producer:
                     return  # the worker finishes what it holds, then returns
             kinds = [k for k in kinds_all if not at_cap(k, self._caps, runner.running_by_kind)]
             timeout = self._poll_max
+            drained = False
+            """The claim found fewer jobs than each of its groups had room for, and no kind was
+            left out at its cap: a slot freed meanwhile would find nothing more (a job written
+            since notifies)."""
             if want > 0 and (kinds or self._every_kind):
                 self.wake.clear()
                 try:
                     if self._unsure:
                         await self._reconcile()
-                    claimed = await self._claim(kinds, want)
+                    claimed, exhausted = await self._claim(kinds, want)
                 except Exception as exc:
                     if not is_database_failure(exc):
                         raise
@@ -167,6 +171,7 @@ class Producer:
                 if len(claimed) >= want:
                     continue  # maybe more: claim again once there is room
                 some_capped = len(kinds) < len(kinds_all)
+                drained = exhausted and not some_capped
                 if self._limits.once and not some_capped:
                     return  # nothing more is due now
                 if self._limits.stop_when_empty and not some_capped and runner.idle.is_set():
@@ -183,7 +188,7 @@ class Producer:
                 resume = await self._next_resume()
                 if resume is not None:
                     timeout = min(timeout, resume)
-            if runner.slot_freed.is_set() and runner.free > 0:
+            if runner.slot_freed.is_set() and runner.free > 0 and not drained:
                 continue  # a job finished during this round: its slot may unblock work
             # Wait for a notification, the next due job, or (when capacity is what holds
             # work back: the worker is full or a kind is at its cap) a freed slot.
@@ -205,9 +210,11 @@ class Producer:
             return 0  # warm up first: a few runs say little
         return prefetch_depth(runner.concurrency, runner.handler_ewma, self._claim_ewma)
 
-    async def _claim(self, kinds: list[str], limit: int) -> list[ClaimedJob]:
+    async def _claim(self, kinds: list[str], limit: int) -> tuple[list[ClaimedJob], bool]:
         """Claim up to `limit` jobs, group by group (see `claim_groups`); each group's slots
-        are split by tier for anti-starvation."""
+        are split by tier for anti-starvation. Also says whether the claim exhausted what it
+        may take: every kind not at its cap was looked at, and every group came back with
+        fewer jobs than it had room for (a capped kind's room is what its cap leaves)."""
         runner = self._runner
         groups = claim_groups(
             kinds=kinds,
@@ -218,10 +225,14 @@ class Producer:
             every_kind=self._every_kind,
         )
         claimed_all: list[ClaimedJob] = []
+        # A capped kind left without a request (no free slot for it) was not looked at.
+        grouped = {k for group_kinds, _ in groups for k in group_kinds or ()}
+        exhausted = all(k in grouped for k in kinds if self._caps.get(k) is not None)
         loop = asyncio.get_running_loop()
         for group_kinds, group_limit in groups:
             room = min(group_limit, limit - len(claimed_all))
             if room <= 0:
+                exhausted = False  # not looked at
                 continue
             low, normal = plan_slots(self._slot_counter, room, self._ratio)
             began = loop.time()
@@ -240,6 +251,7 @@ class Producer:
             )
             self._claim_ewma = _ewma(self._claim_ewma, loop.time() - began)
             self._note_announced(claimed, known, began)
+            exhausted = exhausted and len(claimed) < room
             if len(claimed) > 1:  # in the order to start them (the reserved ones spread)
                 order = spread_order([(j.queue, j.priority, j.reserved) for j in claimed])
                 claimed = [claimed[i] for i in order]
@@ -252,7 +264,7 @@ class Producer:
                 else:
                     runner.accept(job, reg, began)
             claimed_all.extend(claimed)
-        return claimed_all
+        return claimed_all, exhausted
 
     def _known_lease_end(self, now: float) -> float | None:
         """Seconds until the earliest lease end the rescuers of every one of our queues

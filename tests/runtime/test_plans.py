@@ -208,3 +208,50 @@ async def test_the_next_due_probe_reads_one_index_entry_per_queue_and_kind(
         scanned = r"Index (?:Only )?Scan.*actual time=\S+ rows=(\d+)"
         read = [int(n) for n in re.findall(scanned, body)]
         assert read and max(read) <= 1, body  # one entry read per probe, not the range
+
+
+async def test_the_worker_s_claim_and_next_due_statements_are_planned_once(
+    pg_dsn: str, prefix: str
+) -> None:
+    """After five runs PostgreSQL keeps a prepared statement's generic plan only if no custom
+    plan looks cheaper. The claim's optional trace read (a CASE on a parameter, folded away
+    by a custom plan) and the next-due probe's arrays (counted by a custom plan) made every
+    custom plan look cheaper, so both were planned anew at each run: 30-40 us per claim and
+    150-200 us per next-due probe, most of the probe's cost. Their parameters are read
+    through subqueries now, and the generic plans are kept."""
+    store = await PostgresStore.connect(pg_dsn, prefix=prefix, max_size=1)  # one session
+    try:
+        await store.migrate()
+        queue = Queue(store)
+        for i in range(10):
+            await queue.enqueue(Ping(i))
+            for traced in (False, True):
+                claimed = await store.claim(
+                    queues=["default"],
+                    kinds=["ping"],
+                    limit=16,
+                    worker="w",
+                    pod=None,
+                    default_lease_s=30.0,
+                    traced=traced,
+                )
+                assert len(claimed) == (0 if traced else 1)
+            assert await store.next_due(["ping"], queues=["default"]) is None
+            assert await store.next_due_in_queues(["default"]) is None
+        rows = await store._pool_or_raise().fetch(
+            "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
+        )
+    finally:
+        await store.close()
+    plans = {
+        name: [(r["generic_plans"], r["custom_plans"]) for r in rows if marker in r["statement"]]
+        for name, marker in (
+            ("claim", f"{prefix}_claim_v7("),
+            ("next_due", "CROSS JOIN unnest((SELECT"),
+            ("next_due_in_queues", "CROSS JOIN (VALUES"),
+        )
+    }
+    for name, counts in plans.items():
+        assert len(counts) == 1, (name, counts)
+        generic, custom = counts[0]
+        assert custom <= 5 and generic >= 5, (name, generic, custom)

@@ -5,8 +5,11 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from typing import Any
 
-from venturi import Context, JobStatus, Outcome, Queue, Task, Worker
+import pytest
+
+from venturi import Context, JobStatus, Outcome, PostgresStore, Queue, Task, Worker
 from venturi._claims import prefetch_depth
 
 from .helpers import running, until, until_status
@@ -75,6 +78,45 @@ async def test_without_prefetch_only_free_slots_are_claimed(queue: Queue) -> Non
         assert job is not None and job.status is JobStatus.PENDING and job.run_count == 0
         release.set()
         await until_status(queue, ids[21], JobStatus.COMPLETED)
+
+
+async def test_a_trickle_of_jobs_costs_one_claim_each(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A claim that empties the queue is the last until a notification: the slot its job
+    frees finds nothing more (a job written since notifies). Before, a job that ended within
+    the claim's round made the worker claim again at once, for nothing: two claims per job
+    at a trickle, the second a round trip and a statement on the server for no job."""
+    store = queue.store
+    assert isinstance(store, PostgresStore)
+    claims: list[int] = []
+    looked = asyncio.Event()
+    claim = store.claim
+
+    async def counted(**kwargs: Any) -> Any:
+        jobs = await claim(**kwargs)
+        claims.append(len(jobs))
+        looked.set()
+        return jobs
+
+    monkeypatch.setattr(store, "claim", counted)
+    done = asyncio.Event()
+
+    async def handle(task: Step, ctx: Context[None], app: None) -> Outcome:
+        done.set()
+        return Outcome.completed()
+
+    worker = Worker(None, store, concurrency=4)
+    worker.register(Step, handle)
+    async with running(worker):
+        await looked.wait()  # the first look, at start-up, found the queue empty
+        assert claims == [0]
+        for n in range(5):
+            done.clear()
+            job_id = await queue.enqueue(Step(n))
+            await done.wait()
+            await until_status(queue, job_id, JobStatus.COMPLETED)
+        assert claims == [0] + [1] * 5
 
 
 def test_prefetch_depth_covers_one_claim_round_trip_within_bounds() -> None:
