@@ -147,10 +147,10 @@ class Producer:
                     return  # the worker finishes what it holds, then returns
             kinds = [k for k in kinds_all if not at_cap(k, self._caps, runner.running_by_kind)]
             timeout = self._poll_max
+            # Drained: the claim found fewer jobs than each of its groups had room for, and no
+            # kind was left out at its cap; a slot freed meanwhile would find nothing more (a
+            # job written since notifies).
             drained = False
-            """The claim found fewer jobs than each of its groups had room for, and no kind was
-            left out at its cap: a slot freed meanwhile would find nothing more (a job written
-            since notifies)."""
             if want > 0 and (kinds or self._every_kind):
                 self.wake.clear()
                 try:
