@@ -226,8 +226,9 @@ class Producer:
         )
         claimed_all: list[ClaimedJob] = []
         # A capped kind left without a request (no free slot for it) was not looked at.
-        grouped = {k for group_kinds, _ in groups for k in group_kinds or ()}
-        exhausted = all(k in grouped for k in kinds if self._caps.get(k) is not None)
+        exhausted = all(
+            any(k in (ks or ()) for ks, _ in groups) for k in kinds if self._caps.get(k) is not None
+        )
         loop = asyncio.get_running_loop()
         for group_kinds, group_limit in groups:
             room = min(group_limit, limit - len(claimed_all))

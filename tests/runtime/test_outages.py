@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -120,8 +121,25 @@ async def test_a_connection_that_failed_mid_statement_is_not_reused(pg_dsn: str)
 # -- recovery right after expiry -------------------------------------------------------------
 
 
+async def recovered_after(store: PostgresStore, pool: asyncpg.Pool, job_id: uuid.UUID) -> float:
+    """Wait until the rescuer recovers the job (its journal says so); seconds from its claim
+    to the recovery."""
+
+    async def recovered() -> bool:
+        entries = await store.journal(job_id)
+        return any(e.outcome is JournalOutcome.STALE_RECOVERED for e in entries)
+
+    await until(recovered, limit=10)
+    after: float = await pool.fetchval(
+        f"SELECT extract(epoch FROM (SELECT at FROM {store.prefix}_journal WHERE job_id = $1) "
+        f"- claimed_at)::float8 FROM {store.prefix}_jobs WHERE id = $1",
+        job_id,
+    )
+    return after
+
+
 async def test_an_idle_worker_recovers_a_dead_workers_job_right_after_its_lease(
-    queue: Queue, store: PostgresStore, prefix: str, pool: asyncpg.Pool
+    queue: Queue, store: PostgresStore, pool: asyncpg.Pool
 ) -> None:
     """B is idle (poll_max 30 s: it saw nothing claimed). A claims a job with a 1 s lease and
     dies. The claim announced its lease, so B recovers the job about when it expires."""
@@ -138,19 +156,8 @@ async def test_an_idle_worker_recovers_a_dead_workers_job_right_after_its_lease(
             pod=None,
             default_lease_s=1.0,
         )
-
-        async def recovered() -> bool:
-            entries = await store.journal(claimed.id)
-            return any(e.outcome is JournalOutcome.STALE_RECOVERED for e in entries)
-
-        await until(recovered, limit=10)
-        row = await pool.fetchrow(
-            f"SELECT extract(epoch FROM (SELECT at FROM {prefix}_journal WHERE job_id = $1) "
-            f"- claimed_at)::float8 AS after FROM {prefix}_jobs WHERE id = $1",
-            claimed.id,
-        )
-    assert row is not None
-    assert 1.0 <= row["after"] < 2.0  # the lease (1 s) plus at most a second
+        after = await recovered_after(store, pool, claimed.id)
+    assert 1.0 <= after < 2.0  # the lease (1 s) plus at most a second
 
 
 async def test_a_worker_taking_one_job_at_a_time_announces_about_once_per_lease(
@@ -187,7 +194,7 @@ async def test_a_worker_taking_one_job_at_a_time_announces_about_once_per_lease(
 
 
 async def test_a_lease_claimed_after_an_announced_one_is_recovered_right_after_it_ends(
-    queue: Queue, store: PostgresStore, prefix: str, pool: asyncpg.Pool
+    queue: Queue, store: PostgresStore, pool: asyncpg.Pool
 ) -> None:
     """What the announcement rule above relies on: a dead worker announced a 1 s lease, then
     claimed a job with a 1.5 s lease without announcing it. The idle rescuer's look at the
@@ -204,20 +211,9 @@ async def test_a_lease_claimed_after_an_announced_one_is_recovered_right_after_i
         )
         (first,) = await claim(pod=None, default_lease_s=1.0)
         (second,) = await claim(pod=None, default_lease_s=1.5, held_lease_s=0.9)
-
-        async def recovered() -> bool:
-            entries = await store.journal(second.id)
-            return any(e.outcome is JournalOutcome.STALE_RECOVERED for e in entries)
-
-        await until(recovered, limit=10)
-        row = await pool.fetchrow(
-            f"SELECT extract(epoch FROM (SELECT at FROM {prefix}_journal WHERE job_id = $1) "
-            f"- claimed_at)::float8 AS after FROM {prefix}_jobs WHERE id = $1",
-            second.id,
-        )
+        after = await recovered_after(store, pool, second.id)
     assert first.lease_s == 1.0 and second.lease_s == 1.5
-    assert row is not None
-    assert 1.5 <= row["after"] < 2.5  # its lease (1.5 s) plus at most a second
+    assert 1.5 <= after < 2.5  # its lease (1.5 s) plus at most a second
 
 
 # -- small things that must be right ----------------------------------------------------------

@@ -56,8 +56,9 @@ SELECT pg_notify(:channel, kind) FROM inserted;
 -- in migrations 0004 and after for the claim order, the tier reservations
 -- :reserved_low/:reserved_normal and the lease announcement :held_lease_s on :channel). Rows
 -- come back queue by queue, each in priority, then FIFO order, with each row's priority and
--- whether a reservation picked it (the worker spreads those: `_claims.spread_order`). With :traced (a worker that traces its runs), each job's stored
--- trace context too: one primary-key probe per job, never made otherwise. The probe reads
+-- whether a reservation picked it (the worker spreads those: `_claims.spread_order`). With
+-- :traced (a worker that traces its runs), each job's stored trace context too: one
+-- primary-key probe per job, never made otherwise. The probe reads
 -- with the statement's snapshot, which can predate a job the function claims (its queries
 -- take their own): such a job's context reads NULL and its span is simply not linked (the
 -- context never changes after the insert). :traced is read through a subquery so that the
