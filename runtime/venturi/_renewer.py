@@ -41,7 +41,11 @@ class Renewer:
             held = list(runner.held())
             for h in held:
                 if now >= h.abort_at:
-                    runner.lose(h, "its lease could not be renewed in time (database unreachable)")
+                    runner.lose(
+                        h,
+                        "its lease could not be renewed in time (the database did not answer, "
+                        "or this worker's event loop was blocked)",
+                    )
             held = [h for h in held if not h.lost]
             if not held:
                 await runner.changed.wait()

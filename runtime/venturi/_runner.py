@@ -91,6 +91,10 @@ class Runner:
         self.running_by_kind: Counter[str] = Counter()
         self.buffer: deque[Held] = deque()
         """Prefetched jobs: claimed (their leases renewed), not started yet."""
+        self.successors: dict[uuid.UUID, Held] = {}
+        """Jobs claimed again while an earlier run of theirs still runs here (a run aborted
+        when its lease was lost, whose handler has not stopped yet): each starts when that
+        run ends, never beside it. Their leases are renewed meanwhile, like prefetched ones."""
         self.handler_ewma: float | None = None
         self.handler_samples = 0
         self.slot_freed = asyncio.Event()
@@ -111,11 +115,14 @@ class Runner:
         return sum(1 for t in self._abandoned if not t.done())
 
     def held(self) -> Iterator[Held]:
-        """Every job held and not lost: running, then prefetched."""
+        """Every job held and not lost: running, then prefetched (waiting ones too)."""
         for h in self.running.values():
             if not h.lost:
                 yield h
         for h in self.buffer:
+            if not h.lost:
+                yield h
+        for h in self.successors.values():
             if not h.lost:
                 yield h
 
@@ -125,7 +132,12 @@ class Runner:
 
     def held_ids(self) -> list[uuid.UUID]:
         """Ids of every job the database should show as claimed by this worker."""
-        return [*self.running, *(h.job.id for h in self.buffer), *self._completer.unwritten()]
+        return [
+            *self.running,
+            *(h.job.id for h in self.buffer),
+            *self.successors,
+            *self._completer.unwritten(),
+        ]
 
     def accept(self, job: ClaimedJob, reg: Registration, claimed_at: float) -> None:
         """Start a claimed job now, or hold it in the prefetch buffer."""
@@ -149,7 +161,11 @@ class Runner:
             self._completer.settle_nowait(Settlement.of(job, "returned"))
             self._note_if_idle()
             return
-        if len(self.running) < self.concurrency and not self.buffer:
+        if job.id in self.running:
+            # The earlier run lost its lease and was recovered, but its handler has not
+            # stopped: this claim waits for it (two runs of one job never overlap here).
+            self.successors[job.id] = held
+        elif len(self.running) < self.concurrency and not self.buffer:
             self._start(held)
         else:
             self.buffer.append(held)
@@ -204,10 +220,16 @@ class Runner:
                         settlement.duration_s,
                     )
                 )
-            if job.id in self.running:  # else abandoned at shutdown: already released
+            if self.running.get(job.id) is held:  # else abandoned at shutdown: released
                 await self._completer.settle(settlement)
         finally:
             self._forget(held)
+            successor = self.successors.pop(job.id, None)
+            if successor is not None and not successor.lost:
+                if self.stopping:  # drain() has handed back the rest already
+                    self._completer.settle_nowait(Settlement.of(successor.job, "returned"))
+                else:
+                    self.buffer.appendleft(successor)  # it has waited: first in line
             while self.buffer and not self.stopping and len(self.running) < self.concurrency:
                 nxt = self.buffer.popleft()
                 if not nxt.lost:
@@ -221,13 +243,14 @@ class Runner:
 
     def _forget(self, held: Held) -> None:
         """Stop counting a running job (once, whichever of its exit or abandonment is first)."""
-        if self.running.pop(held.job.id, None) is not None:
+        if self.running.get(held.job.id) is held:
+            del self.running[held.job.id]
             self.running_by_kind[held.job.kind] -= 1
 
     def lose(self, held: Held, why: str) -> None:
         """This worker no longer (or soon no longer) owns the job: stop it."""
         held.lost = True
-        if held.job.id not in self.running:
+        if self.running.get(held.job.id) is not held:
             return  # prefetched, never started: dropped when dequeued; recovery takes it
         logger.warning(
             "job %s (%s): aborted: %s",
@@ -242,8 +265,11 @@ class Runner:
         """Hand back prefetched jobs, ask running ones to wind down, wait up to the grace
         period, abort and release stragglers, and give up on handlers that ignore even that."""
         self.stopping = True
+        waiting = [*self.successors.values()]
+        self.successors.clear()
         while self.buffer:
-            h = self.buffer.popleft()
+            waiting.append(self.buffer.popleft())
+        for h in waiting:
             if not h.lost:
                 await self._completer.settle(Settlement.of(h.job, "returned"))
         if not self.running:

@@ -281,3 +281,72 @@ async def test_the_context_says_why_it_was_cancelled(queue: Queue, pg_dsn: str) 
         await asyncio.wait_for(started.wait(), 10)
     # Leaving the block shut the worker down: the second run was asked to stop for that.
     assert reasons == [CancelReason.LEASE_LOST, CancelReason.SHUTDOWN]
+
+
+async def test_a_job_claimed_again_waits_until_its_aborted_run_has_stopped(queue: Queue) -> None:
+    """A run aborted because its lease was lost can take a while to stop (its handler cleans
+    up after the cancellation). If the job is recovered and this same worker claims it again
+    meanwhile, the new run waits for the old one to end: two runs of a job never overlap in
+    one worker, and the new run is still tracked (its lease renewed, its outcome written).
+    Before, the new run replaced the old one in the worker's books, the old one's end then
+    removed the new one's entry, and the job was recovered and run a third time."""
+    store = queue.store
+    active: list[int] = []
+    overlapped = False
+    cleaning, cleaned = asyncio.Event(), asyncio.Event()
+    claims: list[int] = []
+    claimed_again = asyncio.Event()
+
+    class Watch(Hooks):
+        def claimed(self, event: Claimed) -> None:
+            claims.append(event.run)
+            if event.run == 2:
+                claimed_again.set()
+
+    async def slow_to_stop(task: Step, ctx: Context[None], app: None) -> Outcome:
+        nonlocal overlapped
+        overlapped = overlapped or bool(active)
+        active.append(ctx.run_count)
+        try:
+            if ctx.run_count == 1:
+                try:
+                    await asyncio.sleep(3600)
+                except asyncio.CancelledError:
+                    cleaning.set()
+                    await cleaned.wait()  # cleanup that outlasts the abort
+                    raise
+            return Outcome.completed()
+        finally:
+            active.remove(ctx.run_count)
+
+    worker = Worker(None, store, concurrency=4, lease=1.5, hooks=[Watch()])
+    worker.register(Step, slow_to_stop)
+    job_id = await queue.enqueue(Step("default", 1))
+    async with running(worker):
+
+        async def first_run_started() -> bool:
+            return active == [1]
+
+        await until(first_run_started)
+        # Another worker's rescuer recovered the job (pending again, its claim gone): this
+        # worker's next renewal finds the lease lost and aborts run 1, which keeps cleaning up.
+        pool = store._pool_or_raise()
+        await pool.execute(
+            f"UPDATE {store.prefix}_jobs SET status = 'pending', claim_token = NULL, "
+            "lease_until = NULL, run_at = now() WHERE id = $1",
+            job_id.to_uuid(),
+        )
+        await asyncio.wait_for(cleaning.wait(), 10)
+        await pool.execute("SELECT pg_notify($1, $2)", store.channel, Step.KIND)
+        await asyncio.wait_for(claimed_again.wait(), 10)
+        for _ in range(10):  # whatever the claim started is under way after these turns
+            await asyncio.sleep(0)
+        assert not overlapped, "run 2 ran while run 1 was still running"
+        assert active == [1] and worker.in_flight == 1
+        # Longer than run 2's lease: it is renewed while it waits.
+        await asyncio.sleep(2.5)
+        cleaned.set()
+        await until_status(queue, job_id, JobStatus.COMPLETED)
+    assert not overlapped and claims == [1, 2]
+    outcomes = [e.outcome for e in await queue.job_journal(job_id)]
+    assert outcomes == [JournalOutcome.COMPLETED], outcomes

@@ -89,11 +89,17 @@ FROM {prefix}_claim_v7(:queues, :kinds, :skip_kinds, :n, :reserved_low, :reserve
 -- backend's slot: no row every worker writes), and with :prune (about once a minute per
 -- store) one bounded batch of minutes older than two hours is deleted, skipping rows another
 -- settle holds.
+-- The arrays and :prune are read through subqueries, so that a custom plan cannot count the
+-- batch or fold the prune away: at a trickle (one job per settle) every custom plan would
+-- then look cheaper than the cached generic one, and the statement would be planned anew at
+-- every settle (see job_claim).
 WITH s AS (
-    SELECT * FROM unnest(:ids::uuid[], :tokens::uuid[], :outcomes::text[], :delay_s::float8[],
-                         :carries::text[], :set_carry::bool[], :notes::text[],
-                         :attachments::text[], :durations_s::float8[], :hook_tokens::uuid[],
-                         :results::text[], :progress::text[])
+    SELECT * FROM unnest((SELECT :ids::uuid[]), (SELECT :tokens::uuid[]),
+                         (SELECT :outcomes::text[]), (SELECT :delay_s::float8[]),
+                         (SELECT :carries::text[]), (SELECT :set_carry::bool[]),
+                         (SELECT :notes::text[]), (SELECT :attachments::text[]),
+                         (SELECT :durations_s::float8[]), (SELECT :hook_tokens::uuid[]),
+                         (SELECT :results::text[]), (SELECT :progress::text[]))
         AS s(id, token, outcome, delay_s, carry, set_carry, note, attachment, duration_s,
              hook_token, result, progress)
 ), settled AS (
@@ -142,7 +148,7 @@ WITH s AS (
     DELETE FROM {prefix}_minute_counts
     WHERE ctid = ANY (ARRAY(
         SELECT ctid FROM {prefix}_minute_counts
-        WHERE :prune::bool AND minute < date_trunc('minute', now()) - interval '2 hours'
+        WHERE (SELECT :prune::bool) AND minute < date_trunc('minute', now()) - interval '2 hours'
         LIMIT 5000
         FOR UPDATE SKIP LOCKED
     ))
