@@ -93,7 +93,7 @@ class Completer:
             # Only a handler abandoned at shutdown finishes this late; its job was released.
             logger.warning(
                 "job %s (%s): finished after shutdown; not recorded",
-                settlement.id,
+                logs.ShownId(settlement.id),
                 settlement.kind,
                 extra=logs.job_fields(
                     settlement.id, settlement.kind, settlement.queue, settlement.run
@@ -170,7 +170,7 @@ class Completer:
         logger.error(
             "job %s (%s): the database refused its %s outcome (%s); recording a failed "
             "execution instead",
-            bad.id,
+            logs.ShownId(bad.id),
             bad.kind,
             bad.outcome,
             reason,
@@ -185,7 +185,7 @@ class Completer:
             logger.error(
                 "job %s (%s): its failure could not be recorded either (%s); the lease "
                 "will bring it back",
-                bad.id,
+                logs.ShownId(bad.id),
                 bad.kind,
                 again,
                 extra=logs.job_fields(bad.id, bad.kind, bad.queue, bad.run),
@@ -232,7 +232,7 @@ class Completer:
             if not kept:
                 logger.warning(
                     "job %s (%s): claim lost before settling (%s); another worker recovered it",
-                    s.id,
+                    logs.ShownId(s.id),
                     s.kind,
                     s.outcome,
                     extra=logs.job_fields(s.id, s.kind, s.queue, s.run),

@@ -87,7 +87,7 @@ async def execute(
         carry = _decode_carry(policy.codec, reg.carry_type, job)
     except (msgspec.ValidationError, msgspec.DecodeError, TypeError, ValueError) as exc:
         note = f"undecodable payload for kind {job.kind!r}: {exc}"
-        logger.error("job %s (%s) dead: %s", job.id, job.kind, note, extra=log_extra)
+        logger.error("job %s (%s) dead: %s", logs.ShownId(job.id), job.kind, note, extra=log_extra)
         return Settlement.of(job, "dead", note=note, duration_s=0.0, hook_token=uuid.uuid4())
 
     ctx: Context[Any] = Context(
@@ -128,7 +128,9 @@ async def execute(
                 stray = RuntimeError("the handler raised CancelledError; venturi did not cancel it")
                 return _failure(job, ctx, policy, stray, started, permanent=False)
             reason = "cancelled from outside venturi (the event loop is shutting down?)"
-        logger.warning("job %s (%s) released: %s", job.id, job.kind, reason, extra=log_extra)
+        logger.warning(
+            "job %s (%s) released: %s", logs.ShownId(job.id), job.kind, reason, extra=log_extra
+        )
         return Settlement.of(
             job,
             "released",
@@ -145,7 +147,9 @@ async def execute(
         # KeyboardInterrupt and SystemExit from a handler are the handler's own (asyncio.run
         # turns a real Ctrl-C into a cancellation of the main task, not an exception here):
         # they fail this run, and the worker keeps running the others.
-        logger.warning("job %s (%s) raised", job.id, job.kind, exc_info=True, extra=log_extra)
+        logger.warning(
+            "job %s (%s) raised", logs.ShownId(job.id), job.kind, exc_info=True, extra=log_extra
+        )
         permanent = policy.panic_policy is PanicPolicy.DEAD
         return _failure(job, ctx, policy, exc, started, permanent=permanent)
 
@@ -222,7 +226,7 @@ class _Deadline:
         logger.error(
             "job %s (%s): the handler ignored its timeout's cancellation for %.0fs; its slot "
             "stays held, and the job claimed, until it returns",
-            job.id,
+            logs.ShownId(job.id),
             job.kind,
             STUCK_AFTER,
             extra=self._log_extra,
@@ -240,7 +244,7 @@ class _Deadline:
         if self.stuck:
             logger.warning(
                 "job %s (%s): the handler that ignored its timeout returned %.0fs after it",
-                self._job.id,
+                logs.ShownId(self._job.id),
                 self._job.kind,
                 self._loop.time() - self.fired_at,
                 extra=self._log_extra,
@@ -347,14 +351,16 @@ def _failed(
     if permanent or used_up is not None:
         if not permanent:
             message = f"{used_up}; last: {message}"
-        logger.warning("job %s (%s) dead: %s", job.id, job.kind, message, extra=log_extra)
+        logger.warning(
+            "job %s (%s) dead: %s", logs.ShownId(job.id), job.kind, message, extra=log_extra
+        )
         return Settlement.of(
             job, "dead", note=message, hook_token=uuid.uuid4(), error=error, **common
         )
     delay = retry_delay(job_backoff(job, policy), failures, job.id.bytes, policy.jitter_fraction)
     logger.info(
         "job %s (%s) failed (%d), retry in %.3fs: %s",
-        job.id,
+        logs.ShownId(job.id),
         job.kind,
         failures,
         delay,

@@ -24,6 +24,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from venturi import logs
 from venturi._claims import (
     at_cap,
     claim_groups,
@@ -336,7 +337,7 @@ class Producer:
         for job_id, kind in released:
             logger.warning(
                 "job %s (%s): released a claim whose reply was lost",
-                job_id,
+                logs.ShownId(job_id),
                 kind,
                 extra={"job_id": str(job_id), "kind": kind},
             )

@@ -154,7 +154,7 @@ class Runner:
             # over and the job recovered elsewhere. Never start it; hand it back unrun.
             logger.warning(
                 "job %s (%s): its claim's reply arrived as its lease was ending; handed back",
-                job.id,
+                logs.ShownId(job.id),
                 job.kind,
                 extra=logs.job_fields(job.id, job.kind, job.queue, job.run_count),
             )
@@ -181,7 +181,7 @@ class Runner:
             )
         logger.warning(
             "job %s (%s): %s; failed for good",
-            job.id,
+            logs.ShownId(job.id),
             job.kind,
             note,
             extra=logs.job_fields(job.id, job.kind, job.queue, job.run_count),
@@ -254,7 +254,7 @@ class Runner:
             return  # prefetched, never started: dropped when dequeued; recovery takes it
         logger.warning(
             "job %s (%s): aborted: %s",
-            held.job.id,
+            logs.ShownId(held.job.id),
             held.job.kind,
             why,
             extra=logs.job_fields(held.job.id, held.job.kind, held.job.queue, held.job.run_count),
@@ -300,7 +300,7 @@ class Runner:
         logger.error(
             "shutdown: job %s (%s): the handler ignored cancellation for %.0fs; released "
             "without it (the handler may still be running in this process)",
-            job.id,
+            logs.ShownId(job.id),
             job.kind,
             ABANDON_AFTER,
             extra=logs.job_fields(job.id, job.kind, job.queue, job.run_count),

@@ -191,7 +191,7 @@ class Undertaker:
         for h in due:
             logger.warning(
                 "job %s (%s): running the failure hook its worker did not run",
-                h.id,
+                logs.ShownId(h.id),
                 h.kind,
                 extra=logs.job_fields(h.id, h.kind, h.queue, h.run_count),
             )
@@ -228,7 +228,7 @@ class Undertaker:
                 logger.error(
                     "job %s (%s): its failure hook and reporters took longer than %.0fs (the "
                     "lease of the step); cut short",
-                    hook.id,
+                    logs.ShownId(hook.id),
                     hook.kind,
                     self._timeout,
                     extra=fields,
@@ -254,7 +254,7 @@ class Undertaker:
         except Exception as exc:
             logger.error(
                 "job %s (%s): no failure hook: the payload does not decode (%s)",
-                hook.id,
+                logs.ShownId(hook.id),
                 hook.kind,
                 exc,
             )
@@ -274,7 +274,9 @@ class Undertaker:
             if inspect.isawaitable(result):
                 await result
         except Exception:
-            logger.exception("job %s (%s): its failure hook raised", hook.id, hook.kind)
+            logger.exception(
+                "job %s (%s): its failure hook raised", logs.ShownId(hook.id), hook.kind
+            )
 
     async def _report(self, hook: DueHook, job_id: ULID, error: BaseException) -> None:
         if not self._reporters:
@@ -299,7 +301,9 @@ class Undertaker:
                 if inspect.isawaitable(result):
                     await result
             except Exception:
-                logger.exception("job %s (%s): reporter %r raised", hook.id, hook.kind, reporter)
+                logger.exception(
+                    "job %s (%s): reporter %r raised", logs.ShownId(hook.id), hook.kind, reporter
+                )
 
     async def _finish(self, hook: DueHook) -> None:
         """Clear the step, retrying through outages (until cancelled at shutdown)."""

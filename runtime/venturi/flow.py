@@ -36,7 +36,7 @@ from typing import Any
 
 from ulid import ULID
 
-from venturi import _current
+from venturi import _current, logs
 from venturi._db.failures import describe
 from venturi.backoff import Seconds, to_seconds
 from venturi.context import Context
@@ -85,7 +85,9 @@ def without_overlapping(key: Key, *, release_after: Seconds = DEFAULT_RELEASE_AF
                 await run.store.lock_release(k, job.id, job.claim_token)
             except Exception as exc:
                 # Harmless: the key frees itself once this run's settlement clears its token.
-                logger.warning("job %s: releasing key %r failed (%s)", job.id, k, describe(exc))
+                logger.warning(
+                    "job %s: releasing key %r failed (%s)", logs.ShownId(job.id), k, describe(exc)
+                )
 
     return without_overlapping_mw
 

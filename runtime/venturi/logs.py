@@ -127,6 +127,21 @@ def job_fields(job_id: uuid.UUID | ULID, kind: str, queue: str, run: int) -> Job
     return JobFields(job_id, kind, queue, run)
 
 
+class ShownId:
+    """A job id for a log message's `%s`, in the form `enqueue` returns and `venturi journal`
+    takes (a ULID), also where the store's record holds a UUID: so one job reads the same in
+    every message. Rendered only if the record is formatted."""
+
+    __slots__ = ("_id",)
+
+    def __init__(self, job_id: uuid.UUID | ULID) -> None:
+        self._id = job_id
+
+    def __str__(self) -> str:
+        job_id = self._id
+        return str(ULID.from_bytes(job_id.bytes) if isinstance(job_id, uuid.UUID) else job_id)
+
+
 class Redactor:
     """Replaces each secret with `***` where it stands as a word of its own (not inside a
     longer run of letters and digits), ignoring case."""

@@ -10,13 +10,16 @@ import logging
 import sys
 import uuid
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from ulid import ULID
 
-from venturi import logs
+from venturi import Backoff, Context, JobStatus, Outcome, Queue, Task, Worker, logs
 from venturi._dsn import secret_pieces
+
+from .helpers import running, until_status
 
 
 def record(msg: str = "hello %s", *args: Any, **extra: Any) -> logging.LogRecord:
@@ -112,6 +115,34 @@ def test_job_fields_name_a_job_by_its_ulid() -> None:
         "run": 3,
     }
     assert logs.job_fields(ulid, "mail", "q", 3)["job_id"] == str(ulid)
+
+
+@dataclass
+class Flaky(Task):
+    KIND = "logs.flaky"
+
+
+async def test_messages_name_a_job_as_enqueue_returned_it(
+    queue: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every message about a job names it by the id `enqueue` returned (a ULID), the form
+    the journal, the hooks and `venturi journal` use: before, the worker's messages printed
+    the store's UUID of the same job, so a search for the id found only some of them."""
+
+    async def flaky(task: Flaky, ctx: Context[None], app: None) -> Outcome:
+        if ctx.run_count == 1:
+            raise RuntimeError("first run fails")
+        return Outcome.completed()
+
+    worker = Worker(None, queue.store, concurrency=1, backoff=Backoff(0, 0))
+    worker.register(Flaky, flaky)
+    job_id = await queue.enqueue(Flaky())
+    with caplog.at_level(logging.INFO, logger="venturi"):
+        async with running(worker):
+            await until_status(queue, job_id, JobStatus.COMPLETED)
+    about_it = [r.getMessage() for r in caplog.records if str(job_id) in r.getMessage()]
+    assert any("raised" in m for m in about_it), [r.getMessage() for r in caplog.records]
+    assert not [r for r in caplog.records if str(job_id.to_uuid()) in r.getMessage()]
 
 
 def test_redaction_takes_whole_words_in_any_case() -> None:
