@@ -822,10 +822,10 @@ class PostgresStore:
             "tokens": [s.claim_token for s in settlements],
             "outcomes": [s.outcome for s in settlements],
             "delay_s": [s.delay_s for s in settlements],
-            "carries": [s.carry for s in settlements],
-            "set_carry": [s.set_carry for s in settlements],
-            "notes": [s.note for s in settlements],
-            "attachments": [s.attachment for s in settlements],
+            "carries": _column([s.carry for s in settlements]),
+            "set_carry": _flags([s.set_carry for s in settlements]),
+            "notes": _column([s.note for s in settlements]),
+            "attachments": _column([s.attachment for s in settlements]),
             "durations_s": [s.duration_s for s in settlements],
             "hook_tokens": _column([s.hook_token for s in settlements]),
             "hook_lease_s": hook_lease_s,
@@ -1611,6 +1611,12 @@ def _column(values: Sequence[Any] | None) -> Sequence[Any] | None:
     """NULL for an all-NULL column: multi-array unnest() pads it with NULLs, and asyncpg
     skips encoding a thousand Nones (optional columns are usually unset)."""
     return None if values is None or all(v is None for v in values) else values
+
+
+def _flags(values: Sequence[bool]) -> Sequence[bool] | None:
+    """NULL for an all-false column of flags that the statement reads as `CASE WHEN flag`
+    (where NULL is false): as `_column`, nothing to encode in the usual batch."""
+    return values if any(values) else None
 
 
 def _first(column: Sequence[Any] | None) -> Any:
