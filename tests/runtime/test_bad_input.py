@@ -587,50 +587,6 @@ async def test_the_database_refuses_policies_no_release_may_store(store: Postgre
         await conn.execute(insert, 0.5, 0.0, MAX_DELAY)
 
 
-async def test_one_check_constraint_refuses_what_each_column_check_did(
-    store: PostgresStore,
-) -> None:
-    """Migration 0021 folds the jobs table's seven CHECK constraints into one (PostgreSQL
-    builds every check of a table anew for each statement that writes it): a row that broke
-    any one of the seven is still refused, and a row that broke none is stored."""
-    prefix = store.prefix
-    async with store._pool.acquire() as conn:
-        checks = await conn.fetch(
-            "SELECT conname FROM pg_constraint "
-            f"WHERE conrelid = '{prefix}_jobs'::regclass AND contype = 'c'"
-        )
-        assert [r["conname"] for r in checks] == [f"{prefix}_jobs_row_check"]
-
-        def insert(columns: str, values: str) -> str:
-            return (
-                f"INSERT INTO {prefix}_jobs (id, kind, payload, {columns}) "
-                f"VALUES (gen_random_uuid(), 'k', '{{}}', {values})"
-            )
-
-        for columns, values in [
-            ("status", "'finished'"),
-            ("priority", "3"),
-            ("priority", "-1"),
-            ("lease_s", "0.1"),
-            ("backoff_base_s, backoff_cap_s", "5, 1"),
-            ("backoff_base_s", "1"),
-            ("max_attempts", "0"),
-            ("timeout_s", "0"),
-            ("timeout_s", "2505601"),
-            ("batch_callback", "'always'"),
-        ]:
-            with pytest.raises(asyncpg.CheckViolationError):
-                await conn.execute(insert(columns, values))
-        await conn.execute(
-            insert(
-                "status, priority, lease_s, backoff_base_s, backoff_cap_s, max_attempts, "
-                "timeout_s, batch_callback",
-                "'waiting', 2, 0.5, 0, 1, 1, 2505600, 'finally'",
-            )
-        )
-        assert await conn.fetchval(f"SELECT count(*) FROM {prefix}_jobs") == 1
-
-
 async def test_migrating_brings_stored_policies_within_bounds(pg_dsn: str, prefix: str) -> None:
     async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
         async with store._pool.acquire() as conn, conn.transaction():
