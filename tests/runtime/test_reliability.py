@@ -499,7 +499,7 @@ async def test_a_settlement_after_losing_the_claim_is_dropped(
                 if r.name == "venturi._completer" and "claim lost before settling" in r.message
             ]
             assert len(lost_logs) == 1
-            assert str(job_id.to_uuid()) in lost_logs[0].getMessage()
+            assert str(job_id) in lost_logs[0].getMessage()
 
             after = await job_row(pool, prefix, job_id)
             assert dict(after) == dict(taken)  # the second claim's state is untouched
