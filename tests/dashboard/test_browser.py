@@ -90,7 +90,10 @@ async def test_jobs_page_filters_and_pages_by_keyset(
         scheduled = await page.locator(f"tr[data-job='{seeded.scheduled[0]}'] .badge").inner_text()
         assert scheduled == "scheduled"
         await screenshot(page, "jobs", tmp_path)
+        # Wait for the next page itself: a click only starts the navigation, and rows read
+        # before it lands are the old page's, or none.
         await page.click("a[rel=next]")
+        await page.wait_for_url(lambda url: "before=" in url)
         shown = await page.locator("tr[data-job]").evaluate_all(
             "rows => rows.map(r => r.dataset.job)"
         )
