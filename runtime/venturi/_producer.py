@@ -339,5 +339,5 @@ class Producer:
                 "job %s (%s): released a claim whose reply was lost",
                 logs.ShownId(job_id),
                 kind,
-                extra={"job_id": str(logs.ShownId(job_id)), "kind": kind},
+                extra={"job_id": logs.id_text(job_id), "kind": kind},
             )

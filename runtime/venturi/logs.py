@@ -99,10 +99,8 @@ class JobFields(Mapping[str, object]):
 
     def __getitem__(self, key: str) -> object:
         if key == "job_id":
-            if isinstance(self._id, uuid.UUID):
-                self._id = ULID.from_bytes(self._id.bytes)
-            if isinstance(self._id, ULID):
-                self._id = str(self._id)
+            if not isinstance(self._id, str):
+                self._id = id_text(self._id)
             return self._id
         if key == "kind":
             return self._kind
@@ -127,10 +125,15 @@ def job_fields(job_id: uuid.UUID | ULID, kind: str, queue: str, run: int) -> Job
     return JobFields(job_id, kind, queue, run)
 
 
+def id_text(job_id: uuid.UUID | ULID) -> str:
+    """A job id as logs show it: the ULID `enqueue` returns and `venturi journal` takes, also
+    where the store's record holds a UUID, so one job reads the same everywhere."""
+    return str(ULID.from_bytes(job_id.bytes) if isinstance(job_id, uuid.UUID) else job_id)
+
+
 class ShownId:
-    """A job id for a log message's `%s`, in the form `enqueue` returns and `venturi journal`
-    takes (a ULID), also where the store's record holds a UUID: so one job reads the same in
-    every message. Rendered only if the record is formatted."""
+    """A job id for a log message's `%s` (see `id_text`), rendered only if the record is
+    formatted."""
 
     __slots__ = ("_id",)
 
@@ -138,8 +141,7 @@ class ShownId:
         self._id = job_id
 
     def __str__(self) -> str:
-        job_id = self._id
-        return str(ULID.from_bytes(job_id.bytes) if isinstance(job_id, uuid.UUID) else job_id)
+        return id_text(self._id)
 
 
 class Redactor:
