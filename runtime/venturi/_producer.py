@@ -152,8 +152,13 @@ class Producer:
             # kind was left out at its cap; a slot freed meanwhile would find nothing more (a
             # job written since notifies).
             drained = False
-            if want > 0 and (kinds or self._every_kind):
-                self.wake.clear()
+            # Capacity holds work back when there is no room to claim (every slot is taken, the
+            # prefetch buffer covers the next ones, or every kind is at its cap): then a
+            # notification says nothing the claim after the next freed slot will not see, and
+            # must not end the wait below (the loop would spin until a slot frees).
+            claimable = want > 0 and bool(kinds or self._every_kind)
+            self.wake.clear()
+            if claimable:
                 try:
                     if self._unsure:
                         await self._reconcile()
@@ -197,7 +202,7 @@ class Producer:
             full = runner.free <= 0
             capped = any(at_cap(k, self._caps, runner.running_by_kind) for k in kinds_all)
             # With a run limit, a finished job may be what ends the run: look again then.
-            if full or capped or (self._limits.any and not runner.idle.is_set()):
+            if not claimable or full or capped or (self._limits.any and not runner.idle.is_set()):
                 waiters.append(asyncio.ensure_future(runner.slot_freed.wait()))
             try:
                 await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)

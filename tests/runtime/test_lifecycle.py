@@ -4,14 +4,18 @@ delays and wake-ups."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
+import asyncpg
 import pytest
 
 from venturi import (
     Backoff,
     Context,
+    DedupKey,
     JobStatus,
     JournalOutcome,
     Outcome,
@@ -22,6 +26,8 @@ from venturi import (
     TaskError,
     Worker,
 )
+from venturi._producer import Producer
+from venturi._records import ClaimedJob
 
 from .helpers import running, until_status
 
@@ -306,6 +312,107 @@ async def test_notify_wakes_an_idle_worker(queue: Queue) -> None:
         # The worker is idle until poll_max; only the NOTIFY can wake it in time.
         await queue.enqueue(Job())
         await asyncio.wait_for(started.wait(), timeout=10)
+
+
+@dataclass
+class Merged(Task):
+    KIND = "merged"
+    n: int = 0
+
+    def dedup_key(self) -> DedupKey | None:
+        return DedupKey("one")
+
+
+@pytest.mark.parametrize("write", ["merge in the caller's transaction", "awaited mark"])
+async def test_a_claim_that_skipped_a_locked_pending_job_is_woken_when_its_writer_commits(
+    queue: Queue, pg_dsn: str, monkeypatch: pytest.MonkeyPatch, write: str
+) -> None:
+    """A claim skips the rows another transaction holds (SKIP LOCKED); a write that keeps the
+    job pending wakes the worker at its commit, or the job would wait for poll_max."""
+    ran = asyncio.Event()
+
+    async def handle(task: Merged, ctx: Context[None], app: None) -> Outcome:
+        ran.set()
+        return Outcome.completed()
+
+    store = queue.store
+    came_back_empty = asyncio.Event()
+    claim = store.claim
+
+    async def observed_claim(**kwargs: Any) -> list[ClaimedJob]:
+        claimed = await claim(**kwargs)
+        if not claimed:
+            came_back_empty.set()
+        return claimed
+
+    monkeypatch.setattr(store, "claim", observed_claim)
+    job_id = await queue.enqueue(Merged(1))
+    worker = fast_worker(store, poll_max=120)
+    worker.register(Merged, handle)
+    conn = await asyncpg.connect(pg_dsn)
+    stack = contextlib.AsyncExitStack()
+    try:
+        async with conn.transaction():
+            # The pending job is written, and so locked, until this transaction commits.
+            if write == "awaited mark":
+                await conn.execute(
+                    f"UPDATE {store.prefix}_jobs SET awaited = true WHERE id = $1",
+                    job_id.to_uuid(),
+                )
+            else:
+                assert await queue.enqueue(Merged(2), conn=conn) == job_id  # merged into it
+            await stack.enter_async_context(running(worker))
+            await came_back_empty.wait()  # the claim passed over the locked job
+            assert not ran.is_set()
+        # The worker sleeps until poll_max (120 s) unless this commit wakes it.
+        await asyncio.wait_for(ran.wait(), timeout=20)
+        await until_status(queue, job_id, JobStatus.COMPLETED)
+    finally:
+        await stack.aclose()
+        await conn.close()
+
+
+async def test_a_full_worker_that_is_notified_waits_for_a_slot_without_spinning(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A notification that arrives while every slot is taken must not wake the claim loop
+    again and again until one frees (it once did: a core spent per full, notified worker)."""
+    started, gate, notified = asyncio.Event(), asyncio.Event(), asyncio.Event()
+    rounds = 0
+    depth, told = Producer._prefetch_depth, Producer.notified
+
+    def counted_depth(self: Producer) -> int:  # read once per round of the claim loop
+        nonlocal rounds
+        rounds += 1
+        return depth(self)
+
+    def observed_notified(self: Producer, kind: str) -> None:
+        told(self, kind)
+        if kind == "job":
+            notified.set()
+
+    monkeypatch.setattr(Producer, "_prefetch_depth", counted_depth)
+    monkeypatch.setattr(Producer, "notified", observed_notified)
+
+    async def handle(task: Job, ctx: Context[None], app: None) -> Outcome:
+        started.set()
+        await gate.wait()
+        return Outcome.completed()
+
+    worker = fast_worker(queue.store, concurrency=1, poll_max=120)
+    worker.register(Job, handle)
+    first = await queue.enqueue(Job(n=1))
+    async with running(worker):
+        await started.wait()
+        second = await queue.enqueue(Job(n=2))  # notifies the full worker
+        await notified.wait()
+        before = rounds
+        for _ in range(200):  # let the event loop run everything that is ready, many times
+            await asyncio.sleep(0)
+        assert rounds - before <= 1, f"{rounds - before} claim-loop rounds while full"
+        gate.set()  # the freed slot claims the second job
+        await until_status(queue, second, JobStatus.COMPLETED)
+        await until_status(queue, first, JobStatus.COMPLETED)
 
 
 async def test_enqueue_many_is_one_batch(queue: Queue) -> None:
