@@ -201,8 +201,10 @@ class Producer:
             waiters = [asyncio.ensure_future(self.wake.wait())]
             full = runner.free <= 0
             capped = any(at_cap(k, self._caps, runner.running_by_kind) for k in kinds_all)
-            # With a run limit, a finished job may be what ends the run: look again then.
-            if not claimable or full or capped or (self._limits.any and not runner.idle.is_set()):
+            # With a run limit, a finished job may be what ends the run: look again then,
+            # also when it finished during this round's reads (the runner is idle now, and
+            # `slot_freed`, cleared at the round's start, is set: the wait ends at once).
+            if not claimable or full or capped or self._limits.any:
                 waiters.append(asyncio.ensure_future(runner.slot_freed.wait()))
             try:
                 await asyncio.wait(waiters, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)

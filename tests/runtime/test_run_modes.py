@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from venturi import Context, JobFilter, JobStatus, Outcome, Queue, Task, Worker
+from venturi._producer import Producer
 
 from .cli_app import Echo
 
@@ -80,6 +81,34 @@ async def test_stop_when_empty_looks_at_its_own_queues_only(queue: Queue) -> Non
     assert sorted(seen) == [1, 2]
     job = await queue.job(elsewhere)
     assert job is not None and job.status is JobStatus.PENDING
+
+
+async def test_stop_when_empty_returns_when_the_last_run_ends_during_a_look(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The last run ends while the claim loop reads the next due time (after the claim that
+    came back short, before its wait): the worker returns then, not a `poll_max` later (it
+    once waited out poll_max at the end of most drains)."""
+    gate = asyncio.Event()
+
+    async def handle(task: Item, ctx: Context[None], app: None) -> Outcome:
+        await gate.wait()
+        return Outcome.completed()
+
+    next_due = Producer._next_due
+
+    async def look_while_the_last_run_ends(self: Producer, kinds: list[str]) -> float | None:
+        gate.set()
+        await self._runner.idle.wait()  # the run has ended meanwhile
+        return await next_due(self, kinds)
+
+    monkeypatch.setattr(Producer, "_next_due", look_while_the_last_run_ends)
+    job_id = await queue.enqueue(Item(1))
+    worker = Worker(None, queue.store, concurrency=2, poll_max=120)
+    worker.register(Item, handle)
+    await asyncio.wait_for(worker.run(stop_when_empty=True), 20)
+    job = await queue.job(job_id)
+    assert job is not None and job.status is JobStatus.COMPLETED
 
 
 async def test_max_jobs_claims_that_many_and_lets_them_finish(queue: Queue) -> None:
