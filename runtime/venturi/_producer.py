@@ -155,7 +155,8 @@ class Producer:
             # Capacity holds work back when there is no room to claim (every slot is taken, the
             # prefetch buffer covers the next ones, or every kind is at its cap): then a
             # notification says nothing the claim after the next freed slot will not see, and
-            # must not end the wait below (the loop would spin until a slot frees).
+            # must not end the wait below (the loop would spin until a slot frees). Whatever
+            # makes room (a run's end, and with it a buffered job's start) sets `slot_freed`.
             claimable = want > 0 and bool(kinds or self._every_kind)
             self.wake.clear()
             if claimable:
@@ -196,14 +197,15 @@ class Producer:
                     timeout = min(timeout, resume)
             if runner.slot_freed.is_set() and runner.free > 0 and not drained:
                 continue  # a job finished during this round: its slot may unblock work
-            # Wait for a notification, the next due job, or (when capacity is what holds
-            # work back: the worker is full or a kind is at its cap) a freed slot.
-            waiters = [asyncio.ensure_future(self.wake.wait())]
-            full = runner.free <= 0
-            capped = any(at_cap(k, self._caps, runner.running_by_kind) for k in kinds_all)
+            # Wait for a notification (only when this round could claim: otherwise only a
+            # freed slot makes room, see above), the next due job, or (when capacity is what
+            # holds work back: no room, the worker full, a kind at its cap) a freed slot.
             # With a run limit, a finished job may be what ends the run: look again then,
             # also when it finished during this round's reads (the runner is idle now, and
             # `slot_freed`, cleared at the round's start, is set: the wait ends at once).
+            waiters = [asyncio.ensure_future(self.wake.wait())] if claimable else []
+            full = runner.free <= 0
+            capped = any(at_cap(k, self._caps, runner.running_by_kind) for k in kinds_all)
             if not claimable or full or capped or self._limits.any:
                 waiters.append(asyncio.ensure_future(runner.slot_freed.wait()))
             try:

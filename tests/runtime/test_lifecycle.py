@@ -362,7 +362,8 @@ async def test_a_claim_that_skipped_a_locked_pending_job_is_woken_when_its_write
             else:
                 assert await queue.enqueue(Merged(2), conn=conn) == job_id  # merged into it
             await stack.enter_async_context(running(worker))
-            await came_back_empty.wait()  # the claim passed over the locked job
+            # The claim passed over the locked job.
+            await asyncio.wait_for(came_back_empty.wait(), timeout=20)
             assert not ran.is_set()
         # The worker sleeps until poll_max (120 s) unless this commit wakes it.
         await asyncio.wait_for(ran.wait(), timeout=20)
@@ -370,6 +371,40 @@ async def test_a_claim_that_skipped_a_locked_pending_job_is_woken_when_its_write
     finally:
         await stack.aclose()
         await conn.close()
+
+
+async def test_a_job_s_claim_and_settle_send_no_wake_up_of_their_own(
+    queue: Queue, pg_dsn: str
+) -> None:
+    """The trigger that wakes workers on writes to a pending job stays off the hot path: a
+    job enqueued, claimed and completed is announced once, by its enqueue."""
+    heard: list[str] = []
+    sentinel = asyncio.Event()
+
+    def on_notify(_c: object, _pid: int, _channel: str, payload: object) -> None:
+        assert isinstance(payload, str)
+        if payload == "test-sentinel":
+            sentinel.set()
+        elif not payload.startswith("!"):  # lease and queue notices are not wake-ups
+            heard.append(payload)
+
+    async def handle(task: Job, ctx: Context[None], app: None) -> Outcome:
+        return Outcome.completed()
+
+    listener = await asyncpg.connect(pg_dsn)
+    await listener.add_listener(queue.store.channel, on_notify)
+    try:
+        worker = fast_worker(queue.store)
+        worker.register(Job, handle)
+        async with running(worker):
+            job_id = await queue.enqueue(Job(n=1))
+            await until_status(queue, job_id, JobStatus.COMPLETED)
+        # Notifications arrive in commit order: once this one is here, the others are too.
+        await listener.execute("SELECT pg_notify($1, 'test-sentinel')", queue.store.channel)
+        await asyncio.wait_for(sentinel.wait(), timeout=20)
+    finally:
+        await listener.close()
+    assert heard == ["job"]
 
 
 async def test_a_full_worker_that_is_notified_waits_for_a_slot_without_spinning(
@@ -403,13 +438,15 @@ async def test_a_full_worker_that_is_notified_waits_for_a_slot_without_spinning(
     worker.register(Job, handle)
     first = await queue.enqueue(Job(n=1))
     async with running(worker):
-        await started.wait()
-        second = await queue.enqueue(Job(n=2))  # notifies the full worker
-        await notified.wait()
+        await asyncio.wait_for(started.wait(), timeout=20)
+        # The claim loop is parked: it ended its round before the handler's task could run.
         before = rounds
+        second = await queue.enqueue(Job(n=2))  # notifies the full worker
+        await asyncio.wait_for(notified.wait(), timeout=20)
         for _ in range(200):  # let the event loop run everything that is ready, many times
             await asyncio.sleep(0)
-        assert rounds - before <= 1, f"{rounds - before} claim-loop rounds while full"
+        # Nothing but a freed slot ends a full worker's wait.
+        assert rounds == before, f"{rounds - before} claim-loop rounds while full"
         gate.set()  # the freed slot claims the second job
         await until_status(queue, second, JobStatus.COMPLETED)
         await until_status(queue, first, JobStatus.COMPLETED)

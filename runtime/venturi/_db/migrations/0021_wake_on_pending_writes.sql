@@ -5,7 +5,10 @@
 -- while one of them held the row skipped the job and its worker slept for up to poll_max
 -- with the job due: a dedup merge in the caller's (long) transaction, `Queue.result` marking
 -- the job awaited, the failure step's bookkeeping on a job retried before its step ended, a
--- unique id's detach, a rekey. This trigger covers them all, and any such write to come.
+-- unique id's detach, a rekey. This trigger covers them all, and any such write to come,
+-- when it commits: a transaction that holds the row and rolls back, or locks it without a
+-- write, sends nothing, and a claim that skipped the job meanwhile still waits for the next
+-- notification of its kind or poll_max.
 --
 -- Its WHEN clause keeps it off the hot path's updates (a claim takes a job out of pending, a
 -- settle or a recovery that makes one pending again notifies on its own): one comparison of
