@@ -5,8 +5,12 @@ Set VENTURI_TEST_DSN to run against an existing server instead.
 
 from __future__ import annotations
 
+import asyncio
+import io
 import itertools
 import os
+import sys
+import threading
 import urllib.parse
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -17,6 +21,47 @@ from venturi import PostgresStore, Queue
 from venturi.embedded import EmbeddedPgBouncer, EmbeddedPostgres
 
 _prefixes = itertools.count()
+
+TASKS_DUMPED_BEFORE_TIMEOUT = 30.0
+"""Seconds before pytest-timeout fails a hung test at which its asyncio tasks' stacks are
+printed: the timeout prints the threads' stacks only, and a hung async test sits in the
+event loop's select, which says nothing of the task that waits."""
+
+
+def _dump_tasks(nodeid: str) -> None:
+    out = sys.__stderr__
+    if out is None:
+        return
+    for _ in range(3):  # the set may change under us: this runs beside the event loop
+        try:
+            tasks = [t for t in list(getattr(asyncio.tasks, "_all_tasks", ())) if not t.done()]
+            break
+        except RuntimeError:
+            continue
+    else:
+        return
+    text = io.StringIO()
+    text.write(f"\n=== {nodeid}: still running; its {len(tasks)} pending asyncio tasks ===\n")
+    for task in tasks:
+        text.write(f"--- {task.get_name()}\n")
+        task.print_stack(file=text)
+    out.write(text.getvalue())
+    out.flush()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    limit = float(item.config.getini("timeout") or 0)
+    timer = None
+    if limit > TASKS_DUMPED_BEFORE_TIMEOUT:
+        timer = threading.Timer(limit - TASKS_DUMPED_BEFORE_TIMEOUT, _dump_tasks, (item.nodeid,))
+        timer.daemon = True
+        timer.start()
+    try:
+        yield
+    finally:
+        if timer is not None:
+            timer.cancel()
 
 
 @pytest.fixture(scope="session")
