@@ -9,7 +9,8 @@ from typing import Any
 
 from ulid import ULID
 
-from venturi import JobStatus, Queue, Worker
+from venturi import JobStatus, PostgresStore, Queue, Worker
+from venturi._records import ClaimedJob
 
 WAIT_TIMEOUT = 30.0
 
@@ -29,6 +30,29 @@ async def running(worker: Worker[Any]) -> AsyncIterator[asyncio.Event]:
     finally:
         shutdown.set()
         await asyncio.wait_for(task, timeout=WAIT_TIMEOUT + 30)
+
+
+class Claims:
+    """Wraps the store's claim (the real one) to let a test await the worker's claims."""
+
+    def __init__(self, store: PostgresStore) -> None:
+        self.results: list[list[ClaimedJob]] = []
+        self.changed = asyncio.Event()
+        real = store.claim
+
+        async def claim(**kwargs: Any) -> list[ClaimedJob]:
+            found = await real(**kwargs)
+            self.results.append(found)
+            self.changed.set()
+            return found
+
+        store.claim = claim  # type: ignore[method-assign]
+
+    async def empty_one(self) -> None:
+        """Wait for a claim that found nothing (the worker then waits, idle)."""
+        while not (self.results and self.results[-1] == []):
+            self.changed.clear()
+            await asyncio.wait_for(self.changed.wait(), WAIT_TIMEOUT)
 
 
 async def until(check: Callable[[], Awaitable[bool]], limit: float = WAIT_TIMEOUT) -> None:

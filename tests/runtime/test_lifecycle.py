@@ -7,7 +7,6 @@ import asyncio
 import contextlib
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import asyncpg
 import pytest
@@ -27,9 +26,8 @@ from venturi import (
     Worker,
 )
 from venturi._producer import Producer
-from venturi._records import ClaimedJob
 
-from .helpers import running, until_status
+from .helpers import Claims, running, until_status
 
 
 @dataclass
@@ -325,7 +323,7 @@ class Merged(Task):
 
 @pytest.mark.parametrize("write", ["merge in the caller's transaction", "awaited mark"])
 async def test_a_claim_that_skipped_a_locked_pending_job_is_woken_when_its_writer_commits(
-    queue: Queue, pg_dsn: str, monkeypatch: pytest.MonkeyPatch, write: str
+    queue: Queue, pg_dsn: str, write: str
 ) -> None:
     """A claim skips the rows another transaction holds (SKIP LOCKED); a write that keeps the
     job pending wakes the worker at its commit, or the job would wait for poll_max."""
@@ -336,16 +334,7 @@ async def test_a_claim_that_skipped_a_locked_pending_job_is_woken_when_its_write
         return Outcome.completed()
 
     store = queue.store
-    came_back_empty = asyncio.Event()
-    claim = store.claim
-
-    async def observed_claim(**kwargs: Any) -> list[ClaimedJob]:
-        claimed = await claim(**kwargs)
-        if not claimed:
-            came_back_empty.set()
-        return claimed
-
-    monkeypatch.setattr(store, "claim", observed_claim)
+    claims = Claims(store)
     job_id = await queue.enqueue(Merged(1))
     worker = fast_worker(store, poll_max=120)
     worker.register(Merged, handle)
@@ -362,8 +351,7 @@ async def test_a_claim_that_skipped_a_locked_pending_job_is_woken_when_its_write
             else:
                 assert await queue.enqueue(Merged(2), conn=conn) == job_id  # merged into it
             await stack.enter_async_context(running(worker))
-            # The claim passed over the locked job.
-            await asyncio.wait_for(came_back_empty.wait(), timeout=20)
+            await claims.empty_one()  # the claim passed over the locked job
             assert not ran.is_set()
         # The worker sleeps until poll_max (120 s) unless this commit wakes it.
         await asyncio.wait_for(ran.wait(), timeout=20)

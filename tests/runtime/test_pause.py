@@ -24,9 +24,8 @@ from venturi import (
     Task,
     Worker,
 )
-from venturi._records import ClaimedJob
 
-from .helpers import WAIT_TIMEOUT, running, until_status
+from .helpers import WAIT_TIMEOUT, Claims, running, until_status
 from .test_cli import venturi
 
 
@@ -34,29 +33,6 @@ from .test_cli import venturi
 class Job(Task):
     KIND = "pause.job"
     n: int
-
-
-class Claims:
-    """Wraps the store's claim (the real one) to let a test await the worker's claims."""
-
-    def __init__(self, store: PostgresStore) -> None:
-        self.results: list[list[ClaimedJob]] = []
-        self.changed = asyncio.Event()
-        real = store.claim
-
-        async def claim(**kwargs: Any) -> list[ClaimedJob]:
-            found = await real(**kwargs)
-            self.results.append(found)
-            self.changed.set()
-            return found
-
-        store.claim = claim  # type: ignore[method-assign]
-
-    async def empty_one(self) -> None:
-        """Wait for a claim that found nothing (the worker then waits, idle)."""
-        while not (self.results and self.results[-1] == []):
-            self.changed.clear()
-            await asyncio.wait_for(self.changed.wait(), WAIT_TIMEOUT)
 
 
 def recording(store: PostgresStore, seen: list[tuple[str, int]], **settings: Any) -> Worker[None]:
