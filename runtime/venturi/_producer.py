@@ -42,6 +42,12 @@ from venturi.postgres import PostgresStore
 
 logger = logging.getLogger("venturi.worker")
 
+PASSED_OVER_FIRST = 0.25
+PASSED_OVER_MAX = 5.0
+"""Seconds after a claim that passed over a due job (its row held by another transaction) at
+which the producer claims again: doubling from the first to the most while the row stays
+held (`poll_max`, if shorter, bounds it too)."""
+
 ANNOUNCED_MARGIN = 1.0
 """Seconds before an announced lease end after which a claim announces its own again: the
 rescuers' look at that end must come after the claim has committed, to see its lease."""
@@ -106,6 +112,8 @@ class Producer:
         """Per queue, the loop time by which a lease this worker's claims announced ends: every
         rescuer of that queue looks then, and reads every lease claimed until then."""
         self._slot_counter = 0
+        self._passed_over = 0.0
+        """The wait before claiming again for a due job the last claims passed over (0: none)."""
         self._unsure = False
         """A claim failed in flight: it may have committed. Reconcile before claiming again."""
         self.claimed = 0
@@ -189,9 +197,24 @@ class Producer:
                         continue
                     if await self._next_due(kinds) is None:
                         return
-                due = await self._next_due(kinds)
-                if due is not None:
-                    timeout = min(timeout, max(due, 0.0))
+                # Kinds this claim brought to their cap are left out: their due jobs wait for
+                # a freed slot, not for a held row.
+                due = await self._next_due(
+                    [k for k in kinds if not at_cap(k, self._caps, runner.running_by_kind)]
+                )
+                if due is not None and due <= 0:
+                    # A due job this claim passed over: another transaction holds its row.
+                    # Its commit notifies if it wrote the job, but a rollback, or a lock
+                    # without a write, notifies nobody: look again soon, backing off while
+                    # the row stays held.
+                    self._passed_over = min(
+                        self._passed_over * 2 or PASSED_OVER_FIRST, PASSED_OVER_MAX
+                    )
+                    timeout = min(timeout, self._passed_over)
+                else:
+                    self._passed_over = 0.0
+                    if due is not None:
+                        timeout = min(timeout, due)
                 resume = await self._next_resume()
                 if resume is not None:
                     timeout = min(timeout, resume)

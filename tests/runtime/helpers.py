@@ -54,6 +54,14 @@ class Claims:
             self.changed.clear()
             await asyncio.wait_for(self.changed.wait(), WAIT_TIMEOUT)
 
+    async def another(self) -> list[ClaimedJob]:
+        """Wait for the next claim the worker makes from now on; what it found."""
+        seen = len(self.results)
+        while len(self.results) == seen:
+            self.changed.clear()
+            await asyncio.wait_for(self.changed.wait(), WAIT_TIMEOUT)
+        return self.results[seen]
+
 
 async def until(check: Callable[[], Awaitable[bool]], limit: float = WAIT_TIMEOUT) -> None:
     """Poll a database condition. The database is the event source here: there is nothing

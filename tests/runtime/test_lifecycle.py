@@ -361,6 +361,74 @@ async def test_a_claim_that_skipped_a_locked_pending_job_is_woken_when_its_write
         await conn.close()
 
 
+@pytest.mark.parametrize("hold", ["merge rolled back", "lock without a write"])
+async def test_a_claim_that_skipped_a_locked_pending_job_claims_it_once_the_lock_goes(
+    queue: Queue, pg_dsn: str, hold: str
+) -> None:
+    """A transaction that held a pending job's row and rolls back, or locked it without
+    writing it, notifies nobody: the worker whose claim passed the job over claims again on
+    its own (0.25 s after, backing off), not after poll_max (120 s here)."""
+    ran = asyncio.Event()
+
+    async def handle(task: Merged, ctx: Context[None], app: None) -> Outcome:
+        ran.set()
+        return Outcome.completed()
+
+    store = queue.store
+    claims = Claims(store)
+    job_id = await queue.enqueue(Merged(1))
+    worker = fast_worker(store, poll_max=120)
+    worker.register(Merged, handle)
+    conn = await asyncpg.connect(pg_dsn)
+    stack = contextlib.AsyncExitStack()
+    try:
+        tx = conn.transaction()
+        await tx.start()
+        if hold == "merge rolled back":
+            assert await queue.enqueue(Merged(2), conn=conn) == job_id  # merged into it
+        else:
+            await conn.execute(
+                f"SELECT 1 FROM {store.prefix}_jobs WHERE id = $1 FOR UPDATE", job_id.to_uuid()
+            )
+        await stack.enter_async_context(running(worker))
+        await claims.empty_one()  # the claim passed over the held job
+        assert await claims.another() == []  # and claims again on its own: nothing was sent
+        assert not ran.is_set()
+        if hold == "merge rolled back":
+            await tx.rollback()
+        else:
+            await tx.commit()
+        await asyncio.wait_for(ran.wait(), timeout=20)
+        await until_status(queue, job_id, JobStatus.COMPLETED)
+        job = await queue.job(job_id)
+        assert job is not None and job.run_count == 1
+    finally:
+        await stack.aclose()
+        await conn.close()
+
+
+async def test_a_paused_queue_s_due_jobs_are_not_claimed_again_and_again(queue: Queue) -> None:
+    """A paused queue's due jobs are not jobs a claim passed over: its worker makes one
+    claim and waits for the resume (or a notification, or poll_max), not a backoff."""
+    store = queue.store
+    claims = Claims(store)
+    await queue.enqueue(Merged(1))
+    await queue.pause("default")
+    worker = fast_worker(store, poll_max=120)
+
+    async def handle(task: Merged, ctx: Context[None], app: None) -> Outcome:
+        return Outcome.completed()
+
+    worker.register(Merged, handle)
+    async with running(worker):
+        await claims.empty_one()
+        seen = len(claims.results)
+        # Nothing to await for "no claim": a window as long as two backoff steps (0.25 s,
+        # then 0.5 s) in which a worker that took the paused job for a held one claims twice.
+        await asyncio.sleep(0.8)
+        assert len(claims.results) == seen
+
+
 async def test_a_job_s_claim_and_settle_send_no_wake_up_of_their_own(
     queue: Queue, pg_dsn: str
 ) -> None:

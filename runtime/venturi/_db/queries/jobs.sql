@@ -196,33 +196,50 @@ WITH released AS (
 SELECT released.id, released.kind, (SELECT count(*) FROM woken) AS woken FROM released;
 
 -- job_next_due --
--- Seconds until the next pending job of these kinds in :queues becomes eligible (NULL when
--- none is scheduled). One probe of the (queue, kind, run_at) index per queue and kind. The
--- arrays are read through subqueries, so that a custom plan cannot count their elements: it
--- would then always look cheaper than the cached generic plan of the same shape, and the
--- statement, run after most claims, would be planned anew each time (~150-200 us, ten times
--- its run).
+-- Seconds until the earliest pending job of these kinds in :queues, paused queues left out,
+-- is eligible (NULL when there is none). Zero or less when one is due already: read after a
+-- claim that came back short, that is a job the claim passed over because another
+-- transaction holds its row (SKIP LOCKED), or one enqueued since (its notification is on its
+-- way); the worker then claims again after a short backoff, since a transaction that rolls
+-- back, or locks the row without writing it, notifies nobody. One probe of the
+-- (queue, kind, run_at) index per queue and kind, from its oldest entry: the claim just
+-- walked the same jobs. The arrays are read through subqueries, so that a custom plan
+-- cannot count their elements: it would then always look cheaper than the cached generic
+-- plan of the same shape, and the statement, run after most claims, would be planned anew
+-- each time (~150-200 us, ten times its run).
 SELECT extract(epoch FROM min(t.run_at) - now())::float8 AS due_in_s
 FROM unnest((SELECT :queues::text[])) AS q(queue)
 CROSS JOIN unnest((SELECT :kinds::text[])) AS k(kind)
 CROSS JOIN LATERAL (
     SELECT run_at FROM {prefix}_jobs
-    WHERE status = 'pending' AND queue = q.queue AND kind = k.kind AND run_at > now()
+    WHERE status = 'pending' AND queue = q.queue AND kind = k.kind
     ORDER BY run_at LIMIT 1
-) AS t;
+) AS t
+WHERE NOT EXISTS (
+    SELECT 1 FROM {prefix}_queues AS p
+    WHERE p.name = q.queue AND p.paused_at IS NOT NULL
+      AND (p.paused_until IS NULL OR p.paused_until > now())
+);
 
 -- job_next_due_in_queues --
--- job_next_due for a worker that takes every kind of its queues: seconds until the next
--- pending job of :queues becomes eligible (NULL when none is scheduled). One probe of the
--- claim index per queue and priority tier (the array read through a subquery, as above).
+-- job_next_due for a worker that takes every kind of its queues: seconds until the earliest
+-- pending job of :queues (paused ones left out) is eligible, zero or less when one is due
+-- already (see job_next_due); NULL when there is none. One probe of the claim index per
+-- queue and priority tier (the array read through a subquery, as above).
 SELECT extract(epoch FROM min(t.run_at) - now())::float8 AS due_in_s
 FROM unnest((SELECT :queues::text[])) AS q(queue)
 CROSS JOIN (VALUES (0::smallint), (1::smallint), (2::smallint)) AS p(priority)
 CROSS JOIN LATERAL (
     SELECT run_at FROM {prefix}_jobs
-    WHERE status = 'pending' AND queue = q.queue AND priority = p.priority AND run_at > now()
+    WHERE status = 'pending' AND queue = q.queue AND priority = p.priority
     ORDER BY run_at LIMIT 1
-) AS t;
+) AS t
+WHERE NOT EXISTS (
+    SELECT 1 FROM {prefix}_queues AS u
+    WHERE u.name = q.queue AND u.paused_at IS NOT NULL
+      AND (u.paused_until IS NULL OR u.paused_until > now())
+);
+
 -- chain_link --
 -- Link a chain's jobs, just inserted in the same transaction: each points at the next, and
 -- every link but the first waits for the one before it (see migration 0012's trigger).
