@@ -83,6 +83,22 @@ async def test_stop_when_empty_looks_at_its_own_queues_only(queue: Queue) -> Non
     assert job is not None and job.status is JobStatus.PENDING
 
 
+async def test_stop_when_empty_does_not_wait_for_a_paused_queue_s_jobs(queue: Queue) -> None:
+    """The jobs of a paused queue, due now or scheduled, are not work the worker can do: it
+    returns once the rest is done (it used to wait until the scheduled one came due)."""
+    await queue.enqueue_many([Item(1), Item(2)])
+    held = Queue(queue.store, queue="held")
+    now, later = await held.enqueue(Item(3)), await held.enqueue_in(Item(4), 3600)
+    await held.pause("held")
+    seen: list[int] = []
+    worker = counting_worker(queue, seen, concurrency=2, queues=["default", "held"])
+    await asyncio.wait_for(worker.run(stop_when_empty=True), 30)
+    assert sorted(seen) == [1, 2]
+    for job_id in (now, later):
+        job = await queue.job(job_id)
+        assert job is not None and job.status is JobStatus.PENDING
+
+
 async def test_stop_when_empty_returns_when_the_last_run_ends_during_a_look(
     queue: Queue, monkeypatch: pytest.MonkeyPatch
 ) -> None:
