@@ -36,7 +36,7 @@ from venturi._claims import (
 from venturi._db.failures import is_database_failure
 from venturi._executor import Registration
 from venturi._outage import Outage, next_delay
-from venturi._records import ClaimedJob
+from venturi._records import ClaimedJob, NextDue
 from venturi._runner import Runner, _ewma
 from venturi.postgres import PostgresStore
 
@@ -183,38 +183,40 @@ class Producer:
                     continue
                 self._outage.ok()
                 retry_delay = 0.0
+                if claimed:
+                    self._passed_over = 0.0  # the next held row backs off from the start
                 if len(claimed) >= want:
                     continue  # maybe more: claim again once there is room
                 some_capped = len(kinds) < len(kinds_all)
                 drained = exhausted and not some_capped
                 if self._limits.once and not some_capped:
                     return  # nothing more is due now
+                due = None
                 if self._limits.stop_when_empty and not some_capped and runner.idle.is_set():
                     # Nothing runs; once its outcomes are written (a failure may have become
-                    # a retry), nothing due now or later means nothing is left to do.
+                    # a retry), nothing due now or later (held rows count) means nothing is
+                    # left to do.
                     if any(runner.held_ids()):
                         await runner.flushed()
                         continue
-                    if await self._next_due(kinds) is None:
+                    due = await self._next_due(kinds)
+                    if due.in_s is None and not due.held:
                         return
-                # Kinds this claim brought to their cap are left out: their due jobs wait for
-                # a freed slot, not for a held row.
-                due = await self._next_due(
-                    [k for k in kinds if not at_cap(k, self._caps, runner.running_by_kind)]
-                )
-                if due is not None and due <= 0:
-                    # A due job this claim passed over: another transaction holds its row.
-                    # Its commit notifies if it wrote the job, but a rollback, or a lock
-                    # without a write, notifies nobody: look again soon, backing off while
-                    # the row stays held.
+                if due is None:
+                    due = await self._next_due(kinds)
+                if due.in_s is not None:
+                    timeout = min(timeout, max(due.in_s, 0.0))
+                if due.held and drained:
+                    # A due job this claim passed over (it looked at every kind and came
+                    # back short): another transaction holds its row. Its commit notifies if
+                    # it wrote the job, but a rollback, or a lock without a write, notifies
+                    # nobody: look again soon, backing off while the row stays held.
                     self._passed_over = min(
                         self._passed_over * 2 or PASSED_OVER_FIRST, PASSED_OVER_MAX
                     )
                     timeout = min(timeout, self._passed_over)
                 else:
                     self._passed_over = 0.0
-                    if due is not None:
-                        timeout = min(timeout, due)
                 resume = await self._next_resume()
                 if resume is not None:
                     timeout = min(timeout, resume)
@@ -326,7 +328,7 @@ class Producer:
                 end = at + lease_s
                 self._announced[queue] = min(end, self._announced.get(queue, end))
 
-    async def _next_due(self, kinds: list[str]) -> float | None:
+    async def _next_due(self, kinds: list[str]) -> NextDue:
         try:
             if self._every_kind:
                 return await self._store.next_due_in_queues(self.queues)
@@ -335,7 +337,7 @@ class Producer:
             if not is_database_failure(exc):
                 raise
             self._outage.failed("reading the next due time", exc)
-            return min(1.0, self._poll_max)  # look again soon
+            return NextDue(min(1.0, self._poll_max), False)  # look again soon
 
     async def _next_resume(self) -> float | None:
         """Seconds until the first pause of our queues that has an until ends (None: none

@@ -9,7 +9,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, NamedTuple, TypeVar
 
 from ulid import ULID
 
@@ -318,3 +318,14 @@ class DueHook:
     failed_at: datetime
     history: tuple[JournalEntry, ...]
     batch_id: uuid.UUID | None = None
+
+
+class NextDue(NamedTuple):
+    """What the claim loop reads after a claim that came back short (paused queues left
+    out)."""
+
+    in_s: float | None
+    """Seconds until the next scheduled job becomes eligible (None: none is scheduled)."""
+    held: bool
+    """A job is due already: one the claim passed over, its row held by another transaction
+    (or one enqueued since, whose notification is on its way)."""

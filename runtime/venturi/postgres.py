@@ -45,6 +45,7 @@ from venturi._records import (
     NewBatch,
     NewJob,
     NewJobs,
+    NextDue,
     Recovered,
     Recovery,
     Settlement,
@@ -988,19 +989,20 @@ class PostgresStore:
         )
         return value
 
-    async def next_due(self, kinds: Sequence[str], *, queues: Sequence[str]) -> float | None:
-        """Seconds until the next scheduled job of these kinds in `queues` becomes eligible."""
-        value: float | None = await self._run.fetchval(
+    async def next_due(self, kinds: Sequence[str], *, queues: Sequence[str]) -> NextDue:
+        """When the next scheduled job of these kinds in `queues` (paused ones left out)
+        becomes eligible, and whether one is due already (see `NextDue`)."""
+        row = await self._run.fetchrow(
             self._q["job_next_due"], kinds=list(kinds), queues=list(queues)
         )
-        return value
+        assert row is not None  # an aggregate: always one row
+        return NextDue(row["due_in_s"], row["held"])
 
-    async def next_due_in_queues(self, queues: Sequence[str]) -> float | None:
-        """Seconds until the next scheduled job of these queues (any kind) becomes eligible."""
-        value: float | None = await self._run.fetchval(
-            self._q["job_next_due_in_queues"], queues=list(queues)
-        )
-        return value
+    async def next_due_in_queues(self, queues: Sequence[str]) -> NextDue:
+        """`next_due` for every kind of `queues`."""
+        row = await self._run.fetchrow(self._q["job_next_due_in_queues"], queues=list(queues))
+        assert row is not None
+        return NextDue(row["due_in_s"], row["held"])
 
     @asynccontextmanager
     async def listen(

@@ -361,9 +361,10 @@ async def test_a_claim_that_skipped_a_locked_pending_job_is_woken_when_its_write
         await conn.close()
 
 
+@pytest.mark.parametrize("unknown_kinds", ["wait", "fail"])  # its kinds; every kind
 @pytest.mark.parametrize("hold", ["merge rolled back", "lock without a write"])
 async def test_a_claim_that_skipped_a_locked_pending_job_claims_it_once_the_lock_goes(
-    queue: Queue, pg_dsn: str, hold: str
+    queue: Queue, pg_dsn: str, hold: str, unknown_kinds: str
 ) -> None:
     """A transaction that held a pending job's row and rolls back, or locked it without
     writing it, notifies nobody: the worker whose claim passed the job over claims again on
@@ -377,7 +378,7 @@ async def test_a_claim_that_skipped_a_locked_pending_job_claims_it_once_the_lock
     store = queue.store
     claims = Claims(store)
     job_id = await queue.enqueue(Merged(1))
-    worker = fast_worker(store, poll_max=120)
+    worker = fast_worker(store, poll_max=120, unknown_kinds=unknown_kinds)
     worker.register(Merged, handle)
     conn = await asyncpg.connect(pg_dsn)
     stack = contextlib.AsyncExitStack()

@@ -18,7 +18,7 @@ import asyncpg
 import pytest
 
 from venturi import PostgresStore, Queue, Task
-from venturi._records import Recovery, Settlement, StaleJob
+from venturi._records import NextDue, Recovery, Settlement, StaleJob
 
 JOBS = 300
 
@@ -201,7 +201,8 @@ async def test_the_next_due_probe_reads_one_index_entry_per_queue_and_kind(
     try:
         for _ in range(7):  # past the five runs after which a plan may turn generic
             due = await store.next_due(["ping", "pong"], queues=["a"])
-            assert due is not None and 3500 < due <= 3600  # b's jobs, due sooner, are not a's
+            assert due.in_s is not None and 3500 < due.in_s <= 3600  # b's, sooner, not a's
+            assert not due.held
     finally:
         await store.close()
     probes = [p for p in plans if "ORDER BY run_at LIMIT 1" in p]
@@ -250,8 +251,8 @@ async def test_the_worker_s_claim_settle_and_next_due_statements_are_planned_onc
                 if claimed:
                     owned = await store.settle([Settlement.of(claimed[0], "completed")], worker="w")
                     assert owned == {claimed[0].id}
-            assert await store.next_due(["ping"], queues=["default"]) is None
-            assert await store.next_due_in_queues(["default"]) is None
+            assert await store.next_due(["ping"], queues=["default"]) == NextDue(None, False)
+            assert await store.next_due_in_queues(["default"]) == NextDue(None, False)
         rows = await store._pool_or_raise().fetch(
             "SELECT statement, generic_plans, custom_plans FROM pg_prepared_statements"
         )

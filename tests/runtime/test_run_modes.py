@@ -14,6 +14,7 @@ import pytest
 
 from venturi import Context, JobFilter, JobStatus, Outcome, Queue, Task, Worker
 from venturi._producer import Producer
+from venturi._records import NextDue
 
 from .cli_app import Echo
 
@@ -113,7 +114,7 @@ async def test_stop_when_empty_returns_when_the_last_run_ends_during_a_look(
 
     next_due = Producer._next_due
 
-    async def look_while_the_last_run_ends(self: Producer, kinds: list[str]) -> float | None:
+    async def look_while_the_last_run_ends(self: Producer, kinds: list[str]) -> NextDue:
         gate.set()
         await self._runner.idle.wait()  # the run has ended meanwhile
         return await next_due(self, kinds)

@@ -26,7 +26,7 @@ from venturi import (
 from venturi.hooks import Dead
 
 from .cli_app import Echo
-from .helpers import running, until, until_status
+from .helpers import Claims, running, until, until_status
 from .test_cli import venturi
 
 
@@ -135,6 +135,36 @@ async def test_failing_unknown_kinds_keeps_the_caps_of_known_ones(queue: Queue) 
         for i in slow_ids:
             await until_status(queue, i, JobStatus.COMPLETED)
     assert most == 1
+
+
+async def test_a_capped_kind_at_its_cap_sends_no_claims_while_it_stays_there(
+    queue: Queue,
+) -> None:
+    """The jobs of a kind at its cap are due, but not passed over by a held row: the worker
+    waits for the freed slot (or a notification), it does not claim again and again."""
+    release = asyncio.Event()
+
+    async def slow(task: Slow, ctx: Context[None], app: None) -> Outcome:
+        await release.wait()
+        return Outcome.completed()
+
+    claims = Claims(queue.store)
+    for i in range(3):
+        await queue.enqueue(Slow(i))
+    worker = Worker(None, queue.store, concurrency=4, unknown_kinds="fail")
+    worker.register(Slow, slow, cap=1)
+    async with running(worker):
+        # The first round: one claim for the capped kind (one Slow), one for every other
+        # kind (none).
+        while len(claims.results) < 2:
+            await claims.another()
+        assert sorted(len(found) for found in claims.results) == [0, 1]
+        seen = len(claims.results)
+        # Nothing to await for "no claim": a window as long as two backoff steps (0.25 s,
+        # then 0.5 s) in which a worker that took the capped jobs for held ones claims twice.
+        await asyncio.sleep(0.8)
+        assert len(claims.results) == seen
+        release.set()
 
 
 async def test_stop_when_empty_waits_for_a_scheduled_job_of_an_unknown_kind(

@@ -196,25 +196,32 @@ WITH released AS (
 SELECT released.id, released.kind, (SELECT count(*) FROM woken) AS woken FROM released;
 
 -- job_next_due --
--- Seconds until the earliest pending job of these kinds in :queues, paused queues left out,
--- is eligible (NULL when there is none). Zero or less when one is due already: read after a
--- claim that came back short, that is a job the claim passed over because another
--- transaction holds its row (SKIP LOCKED), or one enqueued since (its notification is on its
--- way); the worker then claims again after a short backoff, since a transaction that rolls
--- back, or locks the row without writing it, notifies nobody. One probe of the
--- (queue, kind, run_at) index per queue and kind, from its oldest entry: the claim just
--- walked the same jobs. The arrays are read through subqueries, so that a custom plan
--- cannot count their elements: it would then always look cheaper than the cached generic
--- plan of the same shape, and the statement, run after most claims, would be planned anew
--- each time (~150-200 us, ten times its run).
-SELECT extract(epoch FROM min(t.run_at) - now())::float8 AS due_in_s
+-- After a claim that came back short: seconds until the next scheduled job of these kinds in
+-- :queues becomes eligible (NULL when none is), and whether one is due already (held). A
+-- due job there is one the claim passed over because another transaction holds its row
+-- (SKIP LOCKED), or one enqueued since (its notification is on its way): the worker claims
+-- again after a short backoff, as a transaction that rolls back, or locks the row without
+-- writing it, notifies nobody. Paused queues are left out (the claim skips them). Two probes
+-- of the (queue, kind, run_at) index per queue and kind: the first entry after now(), and
+-- the first at or before it (past the entries of jobs claimed since the last vacuum, as the
+-- claim's own scan of the claim index). The arrays are read through subqueries, so that a
+-- custom plan cannot count their elements: it would then always look cheaper than the
+-- cached generic plan of the same shape, and the statement, run after most claims, would be
+-- planned anew each time (~150-200 us, ten times its run).
+SELECT extract(epoch FROM min(t.run_at) - now())::float8 AS due_in_s,
+       coalesce(bool_or(h.due), false) AS held
 FROM unnest((SELECT :queues::text[])) AS q(queue)
 CROSS JOIN unnest((SELECT :kinds::text[])) AS k(kind)
-CROSS JOIN LATERAL (
+LEFT JOIN LATERAL (
     SELECT run_at FROM {prefix}_jobs
-    WHERE status = 'pending' AND queue = q.queue AND kind = k.kind
+    WHERE status = 'pending' AND queue = q.queue AND kind = k.kind AND run_at > now()
     ORDER BY run_at LIMIT 1
-) AS t
+) AS t ON true
+LEFT JOIN LATERAL (
+    SELECT true AS due FROM {prefix}_jobs
+    WHERE status = 'pending' AND queue = q.queue AND kind = k.kind AND run_at <= now()
+    LIMIT 1
+) AS h ON true
 WHERE NOT EXISTS (
     SELECT 1 FROM {prefix}_queues AS p
     WHERE p.name = q.queue AND p.paused_at IS NOT NULL
@@ -222,18 +229,23 @@ WHERE NOT EXISTS (
 );
 
 -- job_next_due_in_queues --
--- job_next_due for a worker that takes every kind of its queues: seconds until the earliest
--- pending job of :queues (paused ones left out) is eligible, zero or less when one is due
--- already (see job_next_due); NULL when there is none. One probe of the claim index per
--- queue and priority tier (the array read through a subquery, as above).
-SELECT extract(epoch FROM min(t.run_at) - now())::float8 AS due_in_s
+-- job_next_due for a worker that takes every kind of its queues (paused ones left out): the
+-- next scheduled job of :queues and whether one is due already. Two probes of the claim
+-- index per queue and priority tier (the array read through a subquery, as above).
+SELECT extract(epoch FROM min(t.run_at) - now())::float8 AS due_in_s,
+       coalesce(bool_or(h.due), false) AS held
 FROM unnest((SELECT :queues::text[])) AS q(queue)
 CROSS JOIN (VALUES (0::smallint), (1::smallint), (2::smallint)) AS p(priority)
-CROSS JOIN LATERAL (
+LEFT JOIN LATERAL (
     SELECT run_at FROM {prefix}_jobs
-    WHERE status = 'pending' AND queue = q.queue AND priority = p.priority
+    WHERE status = 'pending' AND queue = q.queue AND priority = p.priority AND run_at > now()
     ORDER BY run_at LIMIT 1
-) AS t
+) AS t ON true
+LEFT JOIN LATERAL (
+    SELECT true AS due FROM {prefix}_jobs
+    WHERE status = 'pending' AND queue = q.queue AND priority = p.priority AND run_at <= now()
+    LIMIT 1
+) AS h ON true
 WHERE NOT EXISTS (
     SELECT 1 FROM {prefix}_queues AS u
     WHERE u.name = q.queue AND u.paused_at IS NOT NULL
