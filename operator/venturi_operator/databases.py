@@ -72,9 +72,10 @@ class Databases:
         store = await self._store(dsn)
         where = the_database(dsn)
         try:
-            stats = await asyncio.wait_for(
-                Queue(store.with_prefix(prefix)).stats(), self._config.statement_timeout + 1
-            )
+            # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a
+            # cancellation (CPython gh-86296), and the handler would never stop.
+            async with asyncio.timeout(self._config.statement_timeout + 1):
+                stats = await Queue(store.with_prefix(prefix)).stats()
         except TimeoutError:
             raise DatabaseError(
                 "QueryTimeout",
@@ -127,9 +128,8 @@ class Databases:
         (asyncpg raises many types: each means "not done this tick")."""
         store = await self._store(dsn)
         try:
-            return await asyncio.wait_for(
-                call(Queue(store.with_prefix(prefix))), self._config.statement_timeout + 1
-            )
+            async with asyncio.timeout(self._config.statement_timeout + 1):
+                return await call(Queue(store.with_prefix(prefix)))
         except TimeoutError:
             raise DatabaseError(
                 "QueryTimeout", f"{what} took longer than {self._config.statement_timeout}s"
@@ -145,9 +145,8 @@ class Databases:
         """The worker registry's rows (live or not), bounded like `stats`."""
         store = await self._store(dsn)
         try:
-            return await asyncio.wait_for(
-                Queue(store.with_prefix(prefix)).workers(), self._config.statement_timeout + 1
-            )
+            async with asyncio.timeout(self._config.statement_timeout + 1):
+                return await Queue(store.with_prefix(prefix)).workers()
         except TimeoutError:
             raise DatabaseError(
                 "QueryTimeout",
@@ -167,8 +166,8 @@ class Databases:
             store = self._stores.get(dsn)
             if store is None:
                 try:
-                    store = await asyncio.wait_for(
-                        PostgresStore.connect(
+                    async with asyncio.timeout(self._config.connect_timeout + 1):
+                        store = await PostgresStore.connect(
                             dsn,
                             min_size=1,
                             max_size=self._config.pool_size,
@@ -176,9 +175,7 @@ class Databases:
                             statement_timeout=self._config.statement_timeout,
                             application_name=self._config.application_name,
                             pooler=self._config.pooler,
-                        ),
-                        self._config.connect_timeout + 1,
-                    )
+                        )
                 except asyncio.CancelledError:
                     raise
                 except Exception as exc:  # bad DSN, refused, timeout, auth: see _connect_error
@@ -292,7 +289,8 @@ class Databases:
                             for w in waiters:
                                 w.cancel()
                         if not lost.is_set() and not changed.is_set():
-                            await asyncio.wait_for(listening.probe(), 10)
+                            async with asyncio.timeout(10):
+                                await listening.probe()
                     if changed.is_set():
                         continue  # the set of queues changed: listen again at once
             except asyncio.CancelledError:

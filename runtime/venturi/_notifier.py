@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from venturi._db.failures import describe, is_database_failure
 from venturi._outage import next_delay
+from venturi._timeouts import wait_for
 from venturi.postgres import Listening, PostgresStore
 
 logger = logging.getLogger(__name__)
@@ -119,13 +120,13 @@ class Notifier:
         """Return when the connection is lost or a probe fails."""
         while True:
             try:
-                await asyncio.wait_for(self._lost.wait(), self._probe_interval)
+                await wait_for(self._lost.wait(), self._probe_interval)
                 logger.warning("LISTEN connection lost on %s", self._store.channel)
                 return
             except TimeoutError:
                 pass
             try:
-                await asyncio.wait_for(listening.probe(), PROBE_TIMEOUT)
+                await wait_for(listening.probe(), PROBE_TIMEOUT)
             except Exception as exc:
                 if not is_database_failure(exc):
                     raise

@@ -16,6 +16,7 @@ import random
 import time
 
 from venturi._db.failures import describe
+from venturi._timeouts import wait_for
 
 logger = logging.getLogger("venturi.worker")
 
@@ -72,9 +73,7 @@ class Outage:
         and the workers of a fleet, do not retry in lockstep), or less if another loop sees
         the database come back."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(
-                self._back.wait(), min(delay, RETRY_MAX) * random.uniform(0.5, 1.0)
-            )
+            await wait_for(self._back.wait(), min(delay, RETRY_MAX) * random.uniform(0.5, 1.0))
 
 
 def next_delay(delay: float) -> float:

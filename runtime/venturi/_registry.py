@@ -18,6 +18,7 @@ from datetime import datetime
 from venturi._db.failures import describe, is_database_failure
 from venturi._db.registry import WorkerRow
 from venturi._outage import Outage, next_delay
+from venturi._timeouts import wait_for
 from venturi.postgres import PostgresStore
 
 logger = logging.getLogger("venturi.worker")
@@ -60,7 +61,7 @@ class Heartbeat:
     async def remove(self) -> None:
         """Remove the row (a clean exit); on failure leave it to the leader's sweep."""
         try:
-            await asyncio.wait_for(self._store.registry.remove(self._me.id), REMOVE_TIMEOUT)
+            await wait_for(self._store.registry.remove(self._me.id), REMOVE_TIMEOUT)
         except Exception as exc:
             if not is_database_failure(exc) and not isinstance(exc, TimeoutError):
                 raise

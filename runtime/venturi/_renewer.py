@@ -18,6 +18,7 @@ import contextlib
 from venturi._db.failures import is_database_failure
 from venturi._outage import Outage, next_delay
 from venturi._runner import Runner
+from venturi._timeouts import wait_for
 from venturi.postgres import PostgresStore
 
 RENEW_FRACTION = 1 / 3
@@ -57,11 +58,11 @@ class Renewer:
                 due = min(h.renewed_at + h.job.lease_s * RENEW_FRACTION for h in held)
             if min(due, deadline) > now:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(runner.changed.wait(), min(due, deadline) - now)
+                    await wait_for(runner.changed.wait(), min(due, deadline) - now)
                 continue
             progress = [h.progress.unwritten() for h in held]  # ctx.progress, sent along
             try:
-                owned = await asyncio.wait_for(
+                owned = await wait_for(
                     self._store.renew_leases(
                         [h.job.id for h in held],
                         [h.job.claim_token for h in held],

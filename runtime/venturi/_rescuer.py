@@ -33,6 +33,7 @@ from venturi._executor import Policy, job_backoff, limit_note
 from venturi._hooks import HookSet
 from venturi._outage import Outage, next_delay
 from venturi._records import Recovered, Recovery, StaleJob
+from venturi._timeouts import wait_for
 from venturi.backoff import retry_delay
 from venturi.hooks import Dead
 from venturi.hooks import Recovered as RecoveredEvent
@@ -128,7 +129,7 @@ class Rescuer:
         while (left := min(deadline, self._announced) - self._loop.time()) > 0:
             self._rescheduled.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._rescheduled.wait(), left)
+                await wait_for(self._rescheduled.wait(), left)
         self._announced = math.inf  # the next look reads every lease claimed until now
 
     async def _sweep(self) -> float:

@@ -36,6 +36,7 @@ from venturi._db.failures import is_database_failure
 from venturi._executor import Registration
 from venturi._outage import Outage, next_delay
 from venturi._records import DueHook
+from venturi._timeouts import wait_for
 from venturi.codec import Codec
 from venturi.context import Cancellation, CancelReason, Context
 from venturi.errors import JobFailed
@@ -143,7 +144,7 @@ class Undertaker:
             if not self._buried and not self._closing:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), max(look_at - loop.time(), 0))
+                    await wait_for(self._wake.wait(), max(look_at - loop.time(), 0))
 
     async def close(self, grace: float) -> None:
         """Let the steps of this worker's last deaths start, wait up to `grace` seconds for
@@ -151,7 +152,7 @@ class Undertaker:
         self._closing = True
         self._wake.set()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopped.wait(), grace)
+            await wait_for(self._stopped.wait(), grace)
         if self._running:
             await asyncio.wait(list(self._running), timeout=grace)
         cut = list(self._running.items())

@@ -49,6 +49,7 @@ from venturi._rescuer import Rescuer
 from venturi._runner import Runner
 from venturi._scheduler import Scheduler
 from venturi._settings import DEFAULT_QUEUE, check_queue_name, worker_settings
+from venturi._timeouts import wait_for
 from venturi._undertaker import Reporter, Undertaker
 from venturi.backoff import DEFAULT_BACKOFF, Backoff, Seconds, to_seconds
 from venturi.codec import DEFAULT_CODEC, Codec
@@ -585,7 +586,7 @@ async def _all(*waits: Awaitable[Any]) -> None:
 async def _until(shutdown: asyncio.Event, deadline: float | None) -> None:
     """Until `shutdown` is set, or `deadline` seconds have passed."""
     with contextlib.suppress(TimeoutError):
-        await asyncio.wait_for(shutdown.wait(), deadline)
+        await wait_for(shutdown.wait(), deadline)
 
 
 def _limits(once: bool, stop_when_empty: bool, max_jobs: int | None) -> RunLimits:

@@ -40,6 +40,7 @@ from collections.abc import Callable
 
 from venturi._db.failures import is_database_failure
 from venturi._outage import Outage, next_delay
+from venturi._timeouts import wait_for
 from venturi.postgres import PostgresStore
 
 logger = logging.getLogger("venturi.worker")
@@ -88,7 +89,7 @@ class Elector:
             if self.term is not None and now >= self.deadline:
                 self._depose("its lease could not be renewed in time")
             try:
-                attempt = await asyncio.wait_for(
+                attempt = await wait_for(
                     self._store.leadership.attempt(
                         worker=self._worker, term=self.term, ttl_s=self._ttl
                     ),
@@ -150,9 +151,7 @@ class Elector:
             return
         self._on_deposed(term, "the worker is stopping")
         try:
-            await asyncio.wait_for(
-                self._store.leadership.resign(worker=self._worker, term=term), 2.0
-            )
+            await wait_for(self._store.leadership.resign(worker=self._worker, term=term), 2.0)
         except Exception as exc:
             if not is_database_failure(exc) and not isinstance(exc, TimeoutError):
                 raise
