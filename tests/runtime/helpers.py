@@ -54,6 +54,14 @@ class Claims:
             self.changed.clear()
             await asyncio.wait_for(self.changed.wait(), WAIT_TIMEOUT)
 
+    async def made_within(self, seconds: float) -> int:
+        """How many claims the worker makes in the next `seconds`. For "no claim": there is
+        no event to await for something that does not happen, so this is a window; callers
+        make it as long as two backoff steps of the look they rule out (0.25 s, then 0.5 s)."""
+        seen = len(self.results)
+        await asyncio.sleep(seconds)
+        return len(self.results) - seen
+
     async def another(self) -> list[ClaimedJob]:
         """Wait for the next claim the worker makes from now on; what it found."""
         seen = len(self.results)
