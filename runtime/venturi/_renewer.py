@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 
 from venturi._db.failures import is_database_failure
 from venturi._outage import Outage, next_delay
@@ -39,19 +40,23 @@ class Renewer:
         while True:
             runner.changed.clear()
             now = loop.time()
-            held = list(runner.held())
-            for h in held:
-                if now >= h.abort_at:
+            held = []
+            deadline = math.inf
+            # Once per held job per wake-up (one per claim, of a whole batch of jobs).
+            for h in list(runner.held()):  # `lose` below must not change what we walk
+                abort_at = h.abort_at
+                if now >= abort_at:
                     runner.lose(
                         h,
                         "its lease could not be renewed in time (the database did not answer, "
                         "or this worker's event loop was blocked)",
                     )
-            held = [h for h in held if not h.lost]
+                else:
+                    held.append(h)
+                    deadline = min(deadline, abort_at)
             if not held:
                 await runner.changed.wait()
                 continue
-            deadline = min(h.abort_at for h in held)
             if failed_at is not None:
                 due = failed_at + delay
             else:

@@ -751,8 +751,9 @@ class PostgresStore:
         traced: bool = False,
         skip_kinds: Sequence[str] = (),
     ) -> list[ClaimedJob]:
-        """Claim up to `limit` jobs of `queues`, emptying them in that order (one statement),
-        of `kinds` (None: every kind but `skip_kinds`);
+        """Claim up to `limit` jobs of `queues`, emptying them in that order (one statement:
+        the claim function, or for one queue outside a pod its plain twin), of `kinds` (None:
+        every kind but `skip_kinds`);
         within a queue `reserved_low` of the slots go to LOW jobs first and `reserved_normal`
         to NORMAL-or-LOW ones (anti-starvation), the rest to any tier. Jobs come back queue
         by queue, each in priority, then FIFO order; `_claims.spread_order` gives the order
@@ -765,21 +766,23 @@ class PostgresStore:
         per claim (see `Rescuer` and `Producer._known_lease_end`). `traced` also
         reads each job's stored trace context (for a worker whose middleware traces).
         """
-        rows = await self._run.fetch(
-            self._q["job_claim"],
-            queues=list(queues),
-            kinds=None if kinds is None else list(kinds),
-            skip_kinds=list(skip_kinds),
-            n=limit,
-            reserved_low=reserved_low,
-            reserved_normal=reserved_normal,
-            worker=worker,
-            pod=pod,
-            default_lease_s=default_lease_s,
-            held_lease_s=held_lease_s,
-            channel=self.channel,
-            traced=traced,
-        )
+        values: dict[str, Any] = {
+            "kinds": None if kinds is None else list(kinds),
+            "skip_kinds": list(skip_kinds),
+            "n": limit,
+            "reserved_low": reserved_low,
+            "reserved_normal": reserved_normal,
+            "worker": worker,
+            "pod": pod,
+            "default_lease_s": default_lease_s,
+            "held_lease_s": held_lease_s,
+            "channel": self.channel,
+            "traced": traced,
+        }
+        if len(queues) == 1 and pod is None:  # the usual claim: a plain statement
+            rows = await self._run.fetch(self._q["job_claim_queue"], queue=queues[0], **values)
+        else:  # several queues in order, or a pod's (its fence): the claim function
+            rows = await self._run.fetch(self._q["job_claim"], queues=list(queues), **values)
         return [
             ClaimedJob(
                 id=r["id"],

@@ -142,8 +142,9 @@ async def test_batch_statements_stay_linear_under_generic_plans(pg_dsn: str, pre
 async def test_the_claim_is_an_index_scan_of_each_queue_under_generic_plans(
     pg_dsn: str, prefix: str, queues: list[str], per_queue: int
 ) -> None:
-    """The claim function's statement, run per queue in order: a range scan of the claim
-    index, never a sequential scan of the jobs table, also with a cached generic plan."""
+    """The claim function's statement, run per queue in order (several queues), and the
+    plain one-queue statement (one): a range scan of the claim index, never a sequential
+    scan of the jobs table, also with a cached generic plan."""
     dsn, plans, explain_everything = explaining(pg_dsn, "log_nested_statements")
     await seed(pg_dsn, prefix, queues, per_queue)
     store = await PostgresStore.connect(dsn, prefix=prefix, setup=explain_everything)
@@ -164,6 +165,8 @@ async def test_the_claim_is_an_index_scan_of_each_queue_under_generic_plans(
         await store.close()
     inner = [p for p in plans if "FOR UPDATE SKIP LOCKED" in p]
     assert inner, "no plan of the claim's statement was logged"
+    plain = any("WITH gate AS" in p for p in inner)
+    assert plain == (len(queues) == 1)  # the statement this case is about
     for plan in inner:
         body = plan.split("plan:", 1)[1]
         assert f"Seq Scan on {prefix}_jobs" not in body, body
@@ -237,17 +240,18 @@ async def test_the_worker_s_claim_settle_and_next_due_statements_are_planned_onc
         queue = Queue(store)
         for i in range(10):
             await queue.enqueue(Ping(i))
-            for traced in (False, True):
+            # The plain one-queue statement, and the claim function (a pod's claim).
+            for traced, pod in ((False, None), (True, None), (False, "p"), (True, "p")):
                 claimed = await store.claim(
                     queues=["default"],
                     kinds=["ping"],
                     limit=16,
                     worker="w",
-                    pod=None,
+                    pod=pod,
                     default_lease_s=30.0,
                     traced=traced,
                 )
-                assert len(claimed) == (0 if traced else 1)
+                assert len(claimed) == (1 if (traced, pod) == (False, None) else 0)
                 if claimed:
                     owned = await store.settle([Settlement.of(claimed[0], "completed")], worker="w")
                     assert owned == {claimed[0].id}
@@ -262,6 +266,7 @@ async def test_the_worker_s_claim_settle_and_next_due_statements_are_planned_onc
         name: [(r["generic_plans"], r["custom_plans"]) for r in rows if marker in r["statement"]]
         for name, marker in (
             ("claim", f"{prefix}_claim_v7("),
+            ("claim_queue", "WITH gate AS ("),
             ("settle", "AS s(id, token, outcome,"),
             ("next_due", " AS k(kind)"),
             ("next_due_in_queues", " AS p(priority)"),
