@@ -57,7 +57,8 @@ class Leased(Task):
 
 async def backlog(queue: Queue, store: PostgresStore) -> None:
     """Jobs of every shape a claim tells apart: three tiers, two kinds, another queue, jobs
-    not due yet, per-job leases and timeouts, and retried jobs (they carry a history)."""
+    not due yet, per-job leases and timeouts, retried jobs (they carry a history) and stored
+    trace contexts."""
     await queue.enqueue_many([Ping(i) for i in range(12)], priority=Priority.HIGH)
     await queue.enqueue_many([Pong(i) for i in range(8)], priority=Priority.NORMAL)
     await queue.enqueue_many([Ping(i) for i in range(8)], priority=Priority.LOW)
@@ -74,6 +75,10 @@ async def backlog(queue: Queue, store: PostgresStore) -> None:
             default_lease_s=30,
         )
         await store.settle([Settlement.of(job, "failed") for job in retried], worker="w")
+    # Some with a stored trace context (what a traced claim reads).
+    await store._pool_or_raise().execute(
+        f"UPDATE {store.prefix}_jobs SET trace_context = 'traceparent ' || id WHERE priority = 2"
+    )
 
 
 async def both(
@@ -116,7 +121,7 @@ CASES = {
     "every kind, more room than jobs": dict(
         kinds=None, n=500, reserved_low=10, reserved_normal=10, history=True
     ),
-    "traced": dict(kinds=["ping"], n=4, traced=True),
+    "traced": dict(kinds=["ping"], n=4, traced=True, traces=True),
     "another queue": dict(queue="other", kinds=["ping"], n=3),
     "a queue with no jobs": dict(queue="none", kinds=["ping"], n=3),
 }
@@ -129,6 +134,7 @@ async def test_both_claim_the_same_jobs_in_the_same_order(
     await backlog(queue, store)
     case = dict(case)
     history = case.pop("history", False)
+    traces = case.pop("traces", False)
     values = {
         "queue": "default",
         "skip_kinds": [],
@@ -150,6 +156,7 @@ async def test_both_claim_the_same_jobs_in_the_same_order(
         assert any(r["reserved"] for r in plain)
     if history:
         assert any(r["history"] for r in plain)  # the retried jobs' journal is read
+    assert any(r["trace_context"] for r in plain) == traces
 
 
 @pytest.mark.parametrize("until", ["none", "ahead", "run out"])
