@@ -173,6 +173,54 @@ async def test_the_claim_is_an_index_scan_of_each_queue_under_generic_plans(
         assert f"{prefix}_jobs_claim_idx" in body, body
 
 
+# Each acquire attaches the listener again (asyncpg drops listeners, warning, on release).
+@pytest.mark.filterwarnings("ignore:.*active log listener")
+@pytest.mark.parametrize("queues", [["q0"], ["q0", "q1", "q2", "q3", "q4"]])
+async def test_the_claim_stays_an_index_scan_in_a_table_of_finished_jobs(
+    pg_dsn: str, prefix: str, queues: list[str]
+) -> None:
+    """A queue that has run a while: nearly every row finished (what `python -m bench.scale`
+    runs at 10,000,000), the few pending ones over five queues and 20 kinds, statistics
+    taken so. The claim, plain (one queue) or the function (several), by a list of kinds or
+    of every kind, stays a range scan of the claim index under a generic plan."""
+    dsn, plans, explain_everything = explaining(pg_dsn, "log_nested_statements")
+    await seed(
+        pg_dsn,
+        prefix,
+        ["q0", "q1", "q2", "q3", "q4"],
+        4000,
+        then=f"WITH r AS (SELECT id, row_number() OVER (PARTITION BY queue ORDER BY id) AS n "
+        f"FROM {prefix}_jobs) UPDATE {prefix}_jobs AS j SET kind = 'ping' || (r.n % 20), "
+        "status = CASE WHEN r.n <= 60 THEN 'pending' ELSE 'completed' END, "
+        "finished_at = CASE WHEN r.n <= 60 THEN NULL ELSE now() END FROM r WHERE j.id = r.id",
+    )
+    kinds = [f"ping{k}" for k in range(20)]
+    store = await PostgresStore.connect(dsn, prefix=prefix, setup=explain_everything)
+    try:
+        for i in range(7):  # past the five runs after which a plan may turn generic
+            claimed = await store.claim(
+                queues=queues,
+                kinds=kinds if i % 2 else None,
+                limit=8,
+                worker="w",
+                pod=None,
+                default_lease_s=60,
+                reserved_low=1,
+                reserved_normal=2,
+            )
+            assert len(claimed) == 8
+            assert {j.queue for j in claimed} == {"q0"}  # the first queue, in order
+    finally:
+        await store.close()
+    inner = [p for p in plans if "FOR UPDATE SKIP LOCKED" in p]
+    assert inner, "no plan of the claim's statement was logged"
+    assert any("WITH gate AS" in p for p in inner) == (len(queues) == 1)
+    for plan in inner:
+        body = plan.split("plan:", 1)[1]
+        assert f"Seq Scan on {prefix}_jobs" not in body, body
+        assert f"{prefix}_jobs_claim_idx" in body, body
+
+
 async def test_the_claim_function_always_runs_on_generic_plans(store: PostgresStore) -> None:
     """Custom plans would re-plan the claim's statement for every queue of every claim, and
     planning was most of a claim's cost (most of all for the empty queues a strict-order
