@@ -1,11 +1,12 @@
 """The renewer: keeps the leases of the jobs a worker holds alive, and stops jobs whose
 lease was lost or is about to end unrenewed.
 
-Each job is renewed a third of its lease after its last renewal (or its claim); a newly
-taken job wakes this loop, so a short lease is never overlooked. While the database is
-unreachable, renewal is retried; a job whose lease would end before a renewal succeeds is
-aborted first (`Held.abort_at`), and a renewal is never waited for past that point, so no
-other worker can recover a job that still runs here.
+Each job is renewed a third of its lease after its last renewal (or its claim). A job
+taken on whose renewal is due before this loop's next look wakes it, so a short lease is
+never overlooked; the usual claim, whose leases are due after those held, wakes nothing.
+While the database is unreachable, renewal is retried; a job whose lease would end before
+a renewal succeeds is aborted first (`Held.abort_at`), and a renewal is never waited for
+past that point, so no other worker can recover a job that still runs here.
 
 Started by the worker; calls `PostgresStore.renew_leases`.
 """
@@ -18,12 +19,11 @@ import math
 
 from venturi._db.failures import is_database_failure
 from venturi._outage import Outage, next_delay
-from venturi._runner import Runner
+from venturi._runner import RENEW_FRACTION, Runner
 from venturi._timeouts import wait_for
 from venturi.postgres import PostgresStore
 
-RENEW_FRACTION = 1 / 3
-"""Leases are renewed after this fraction of their length: two renewals can fail in a row."""
+__all__ = ["RENEW_FRACTION", "Renewer"]
 
 
 class Renewer:
@@ -39,10 +39,11 @@ class Renewer:
         delay = 0.0
         while True:
             runner.changed.clear()
+            runner.renewer_looks_at = -math.inf  # it looks below, before it waits
             now = loop.time()
             held = []
             deadline = math.inf
-            # Once per held job per wake-up (one per claim, of a whole batch of jobs).
+            # Once per held job per wake-up (a renewal, or a job taken on that is due sooner).
             for h in list(runner.held()):  # `lose` below must not change what we walk
                 abort_at = h.abort_at
                 if now >= abort_at:
@@ -55,13 +56,12 @@ class Renewer:
                     held.append(h)
                     deadline = min(deadline, abort_at)
             if not held:
+                runner.renewer_looks_at = math.inf
                 await runner.changed.wait()
                 continue
-            if failed_at is not None:
-                due = failed_at + delay
-            else:
-                due = min(h.renewed_at + h.job.lease_s * RENEW_FRACTION for h in held)
+            due = failed_at + delay if failed_at is not None else min(h.renewal_due for h in held)
             if min(due, deadline) > now:
+                runner.renewer_looks_at = min(due, deadline)
                 with contextlib.suppress(TimeoutError):
                     await wait_for(runner.changed.wait(), min(due, deadline) - now)
                 continue

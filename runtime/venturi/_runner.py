@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import uuid
 from collections import Counter, deque
 from collections.abc import Iterator
@@ -32,6 +33,8 @@ logger = logging.getLogger("venturi.worker")
 LEASE_MARGIN_MAX = 5.0
 """Seconds; a job whose lease could not be renewed is aborted this long (or a tenth of its
 lease, if less) before the lease ends, so it has stopped before any other worker can take it."""
+RENEW_FRACTION = 1 / 3
+"""Leases are renewed after this fraction of their length: two renewals can fail in a row."""
 ABANDON_AFTER = 1.0
 """Seconds a handler gets to stop once its task is cancelled at shutdown; one that ignores
 the cancellation is then abandoned (its job released) so that shutdown ends."""
@@ -58,6 +61,11 @@ class Held:
         """The run's `ctx.progress`, sent with lease renewals."""
         self.task: asyncio.Task[None] | None = None
         self.lost = False
+
+    @property
+    def renewal_due(self) -> float:
+        """Loop time at which the job's lease is next due for renewal."""
+        return self.renewed_at + self.job.lease_s * RENEW_FRACTION
 
     @property
     def abort_at(self) -> float:
@@ -99,7 +107,13 @@ class Runner:
         self.handler_samples = 0
         self.slot_freed = asyncio.Event()
         self.changed = asyncio.Event()
-        """Set when a job is taken on (the renewer recomputes its next renewal)."""
+        """Set when a job is taken on whose renewal is due before the renewer's next look
+        (it recomputes its next renewal)."""
+        self.renewer_looks_at = -math.inf
+        """Loop time at which the renewer next looks at the held jobs: set by it before it
+        waits (inf: it waits for a job), -inf while it is not waiting (it looks before it
+        waits). A job taken on wakes it only if the job's renewal is due sooner, so the
+        usual claim, whose leases are due after those held already, wakes nothing."""
         self.idle = asyncio.Event()
         """Set while the runner holds no job (nothing running, nothing prefetched)."""
         self.idle.set()
@@ -169,7 +183,8 @@ class Runner:
             self._start(held)
         else:
             self.buffer.append(held)
-        self.changed.set()  # a new lease to renew (a buffered job's start changes none)
+        if held.renewal_due < self.renewer_looks_at:
+            self.changed.set()  # a lease to renew sooner (a buffered job's start changes none)
 
     def refuse(self, job: ClaimedJob, note: str) -> None:
         """Fail a claimed job for good without running it (its kind has no task here)."""

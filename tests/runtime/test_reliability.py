@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+import math
 import os
 import signal
 import sys
@@ -20,7 +21,7 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 import pytest
@@ -36,6 +37,7 @@ from venturi import (
     Worker,
     WorkerIdentity,
 )
+from venturi._runner import Runner
 
 from .helpers import WAIT_TIMEOUT, running, until, until_status
 from .workerproc import RUNS_DDL, STUCK_LEASE, Recorded, Stuck, record_run
@@ -333,6 +335,85 @@ async def test_renewal_covers_a_job_claimed_during_a_long_renewal_sleep(
         await until_status(queue, short_id, JobStatus.COMPLETED)
         await until_status(queue, long_id, JobStatus.COMPLETED)
     assert await outcomes(queue, short_id) == ["completed"]
+
+
+@dataclass
+class HourLease(Task):
+    KIND = "reliability.hour_lease"
+    n: int = 0
+
+    def lease(self) -> float:
+        return 3600.0
+
+
+class _WatchedChange(asyncio.Event):
+    """The runner's `changed`: counts the wake-ups jobs taken on give the renewer, and says
+    once the renewer waits for a renewal (not for a first job)."""
+
+    def __init__(self, runner: Runner) -> None:
+        super().__init__()
+        self._runner = runner
+        self.sets = 0
+        self.timed = asyncio.Event()
+
+    def set(self) -> None:
+        self.sets += 1
+        super().set()
+
+    async def wait(self) -> Literal[True]:
+        if math.isfinite(self._runner.renewer_looks_at):
+            self.timed.set()
+        return await super().wait()
+
+
+async def test_a_job_taken_on_wakes_the_renewer_only_when_its_lease_is_due_sooner(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The renewer sleeps until the earliest renewal of what the worker holds. A job taken
+    on later with the same lease is due later: it wakes nothing (every claim used to wake
+    the renewer to walk every held job). A job with a shorter lease is due sooner: it does
+    (test_renewal_covers_a_job_claimed_during_a_long_renewal_sleep checks the renewal)."""
+    runners: list[Runner] = []
+    made = Runner.__init__
+
+    def watched(self: Runner, **options: Any) -> None:
+        made(self, **options)
+        self.changed = _WatchedChange(self)
+        runners.append(self)
+
+    monkeypatch.setattr(Runner, "__init__", watched)
+    release = asyncio.Event()
+    started: Counter[str] = Counter()
+    start = asyncio.Event()
+
+    async def hold(task: Task, ctx: Context[None], app: None) -> Outcome:
+        started[ctx.kind] += 1
+        start.set()
+        await release.wait()
+        return Outcome.completed()
+
+    worker = Worker(None, queue.store, concurrency=3)
+    worker.register(HourLease, hold)
+    worker.register(ShortLease, hold)
+
+    async def taken_on(task: Task) -> None:
+        start.clear()
+        await queue.enqueue(task)
+        await asyncio.wait_for(start.wait(), WAIT_TIMEOUT)
+
+    async with running(worker):
+        await taken_on(HourLease(1))
+        (runner,) = runners
+        change = runner.changed
+        assert isinstance(change, _WatchedChange)
+        await asyncio.wait_for(change.timed.wait(), WAIT_TIMEOUT)
+        assert change.sets == 1  # the first job: the renewer was waiting for one
+        await taken_on(HourLease(2))
+        assert change.sets == 1  # due an hour's third after the first: nothing to wake
+        await taken_on(ShortLease())
+        assert change.sets == 2  # due in 0.2 s, before the renewer's next look
+        release.set()
+    assert started == {HourLease.KIND: 2, ShortLease.KIND: 1}
 
 
 # -- 3. graceful shutdown ----------------------------------------------------------------
