@@ -47,6 +47,7 @@ from typing import Any
 import asyncpg
 
 from bench.harness import read_proc
+from bench.stats import time_stats
 from venturi import Context, PostgresStore, Queue, Retention, Task, Worker
 from venturi._records import Settlement
 from venturi.embedded import EmbeddedPostgres
@@ -198,10 +199,13 @@ async def _drain(
     count: int,
     concurrency: int,
     queues: list[str],
+    n: int | None = None,
 ) -> Drain:
-    """Drain what is pending in `queues` with `count` processes (see the module's doc)."""
+    """Drain what is pending in `queues` with `count` processes (see the module's doc), or
+    time the first `n` jobs of it."""
     queue = Queue(store)
-    n = await _outstanding(conn, store.prefix)
+    start = await _outstanding(conn, store.prefix)
+    n = start if n is None else min(n, start)
     for name in queues:
         await queue.pause(name)
     async with _workers(dsn, store.prefix, count, concurrency, queues) as procs:
@@ -210,7 +214,7 @@ async def _drain(
         began = time.perf_counter()
         for name in queues:
             await queue.resume(name)
-        while await _outstanding(conn, store.prefix) > 0:
+        while await _outstanding(conn, store.prefix) > start - n:
             if time.perf_counter() - began > DRAIN_TIMEOUT_S:
                 raise TimeoutError(f"the drain of {n:,} jobs took over {DRAIN_TIMEOUT_S} s")
             await asyncio.sleep(0.005)
@@ -286,17 +290,6 @@ async def _clone(conn: asyncpg.Connection, prefix: str, total: int, *, finished:
 async def _settle_table(conn: asyncpg.Connection) -> None:
     await conn.execute("VACUUM ANALYZE")
     await conn.execute("CHECKPOINT")
-
-
-async def _stats_ms(store: PostgresStore, calls: int) -> float:
-    queue = Queue(store)
-    await queue.stats()
-    ms = []
-    for _ in range(calls):
-        began = time.perf_counter()
-        await queue.stats()
-        ms.append((time.perf_counter() - began) * 1000.0)
-    return statistics.median(ms)
 
 
 async def _plan(dsn: str, prefix: str, queues: list[str]) -> tuple[bool, str]:
@@ -399,7 +392,7 @@ async def _finished(
                 await conn.execute(f"ANALYZE {prefix}_jobs")
                 if rep == 0:
                     results.plans.append((label, *await _plan(dsn, prefix, ["default"])))
-                    stats = await _stats_ms(store, calls)
+                    stats = await time_stats(Queue(store), calls)
                 drains.append(await _drain(dsn, conn, store, 1, concurrency, ["default"]))
                 drained += n
                 print(f"  {label}: {drains[-1].jobs_s:,.0f} jobs/s", flush=True)
@@ -455,44 +448,15 @@ async def _pending(
         await _clone(conn, prefix, pending - KINDS * QUEUES, finished=False)
         await _settle_table(conn)
         results.plans.append((f"{pending:,} pending", *await _plan(dsn, prefix, queues)))
-        stats = await _stats_ms(store, calls)
+        stats = await time_stats(Queue(store), calls)
         # The worker serves the five queues in order (q0 first): its first n jobs are timed.
         drains = []
         for _ in range(reps):
-            drains.append(await _drain_some(dsn, conn, store, n, concurrency, queues))
+            drains.append(await _drain(dsn, conn, store, 1, concurrency, queues, n))
             print(f"  {pending:,} pending: {drains[-1].jobs_s:,.0f} jobs/s", flush=True)
         results.stages.append(
             Stage(f"{pending:,} pending over {QUEUES} queues and {KINDS} kinds", drains, stats)
         )
-
-
-async def _drain_some(
-    dsn: str,
-    conn: asyncpg.Connection,
-    store: PostgresStore,
-    n: int,
-    concurrency: int,
-    queues: list[str],
-) -> Drain:
-    """As `_drain`, timing the first `n` jobs of a bigger backlog."""
-    queue = Queue(store)
-    start = await _outstanding(conn, store.prefix)
-    n = min(n, start)
-    for name in queues:
-        await queue.pause(name)
-    async with _workers(dsn, store.prefix, 1, concurrency, queues) as procs:
-        await _registered(queue, 1, procs)
-        cpu0 = _cpu(procs)
-        began = time.perf_counter()
-        for name in queues:
-            await queue.resume(name)
-        while await _outstanding(conn, store.prefix) > start - n:
-            if time.perf_counter() - began > DRAIN_TIMEOUT_S:
-                raise TimeoutError(f"the drain of {n:,} jobs took over {DRAIN_TIMEOUT_S} s")
-            await asyncio.sleep(0.005)
-        took = time.perf_counter() - began
-        cpu = _cpu(procs) - cpu0
-    return Drain(jobs_s=n / took, cpu_s_per_10k=cpu / n * 10_000)
 
 
 def _report(results: Results, took_s: float) -> str:

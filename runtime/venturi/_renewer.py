@@ -19,11 +19,9 @@ import math
 
 from venturi._db.failures import is_database_failure
 from venturi._outage import Outage, next_delay
-from venturi._runner import RENEW_FRACTION, Runner
+from venturi._runner import Runner
 from venturi._timeouts import wait_for
 from venturi.postgres import PostgresStore
-
-__all__ = ["RENEW_FRACTION", "Renewer"]
 
 
 class Renewer:

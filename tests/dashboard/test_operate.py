@@ -189,7 +189,9 @@ async def test_the_schedules_page_shows_each_schedule_as_recorded(store: Postgre
     async with running(worker):
 
         async def recorded() -> bool:
-            return len(await queue.schedules()) == 2
+            # Registered (a row each, due now), then ticked once: the next tick is ahead.
+            infos = await queue.schedules()
+            return len(infos) == 2 and all(i.next_tick > datetime.now(UTC) for i in infos)
 
         await until(recorded)
     infos = {i.name: i for i in await queue.schedules()}

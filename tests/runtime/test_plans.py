@@ -53,6 +53,19 @@ def explaining(
     return dsn, plans, explain_everything
 
 
+def assert_claims_scan_the_claim_index(plans: list[str], prefix: str, queues: list[str]) -> None:
+    """The claim's logged plans: the plain statement for one queue, the function's for
+    several (the statement the case is about), each a range scan of the claim index, never a
+    sequential scan of the jobs table."""
+    inner = [p for p in plans if "FOR UPDATE SKIP LOCKED" in p]
+    assert inner, "no plan of the claim's statement was logged"
+    assert any("WITH gate AS" in p for p in inner) == (len(queues) == 1)
+    for plan in inner:
+        body = plan.split("plan:", 1)[1]
+        assert f"Seq Scan on {prefix}_jobs" not in body, body
+        assert f"{prefix}_jobs_claim_idx" in body, body
+
+
 async def seed(
     pg_dsn: str, prefix: str, queues: list[str], per_queue: int, *, then: str | None = None
 ) -> None:
@@ -163,14 +176,7 @@ async def test_the_claim_is_an_index_scan_of_each_queue_under_generic_plans(
             assert len(claimed) == 30
     finally:
         await store.close()
-    inner = [p for p in plans if "FOR UPDATE SKIP LOCKED" in p]
-    assert inner, "no plan of the claim's statement was logged"
-    plain = any("WITH gate AS" in p for p in inner)
-    assert plain == (len(queues) == 1)  # the statement this case is about
-    for plan in inner:
-        body = plan.split("plan:", 1)[1]
-        assert f"Seq Scan on {prefix}_jobs" not in body, body
-        assert f"{prefix}_jobs_claim_idx" in body, body
+    assert_claims_scan_the_claim_index(plans, prefix, queues)
 
 
 # Each acquire attaches the listener again (asyncpg drops listeners, warning, on release).
@@ -212,13 +218,7 @@ async def test_the_claim_stays_an_index_scan_in_a_table_of_finished_jobs(
             assert {j.queue for j in claimed} == {"q0"}  # the first queue, in order
     finally:
         await store.close()
-    inner = [p for p in plans if "FOR UPDATE SKIP LOCKED" in p]
-    assert inner, "no plan of the claim's statement was logged"
-    assert any("WITH gate AS" in p for p in inner) == (len(queues) == 1)
-    for plan in inner:
-        body = plan.split("plan:", 1)[1]
-        assert f"Seq Scan on {prefix}_jobs" not in body, body
-        assert f"{prefix}_jobs_claim_idx" in body, body
+    assert_claims_scan_the_claim_index(plans, prefix, queues)
 
 
 async def test_the_claim_function_always_runs_on_generic_plans(store: PostgresStore) -> None:
