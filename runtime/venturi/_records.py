@@ -154,7 +154,8 @@ def _optional(values: list[_T | None]) -> list[_T | None] | None:
 
 @dataclass(slots=True)  # not frozen: one per job, and a frozen init costs ~10x
 class ClaimedJob:
-    """A job this worker now holds, as the claim returned it."""
+    """A job this worker now holds, as the claim returned it: its fields in the order of
+    the claim's columns (`postgres.CLAIM_COLUMNS`), as the claim builds it by position."""
 
     id: uuid.UUID
     kind: str
@@ -169,8 +170,6 @@ class ClaimedJob:
     backoff_cap_s: float | None
     waited_s: float
     history: tuple[JournalEntry, ...]
-    trace_context: str | None = None
-    """The traceparent stored at enqueue, read only for a worker that traces."""
     max_attempts: int | None = None
     """The task's limit on failed executions (None: the worker's backstop alone)."""
     timeout_s: float | None = None
@@ -181,6 +180,8 @@ class ClaimedJob:
     """Its tier (`Priority`)."""
     reserved: bool = False
     """A tier reservation of the claim picked it (see `venturi._claims.spread_order`)."""
+    trace_context: str | None = None
+    """The traceparent stored at enqueue, read only for a worker that traces."""
 
 
 SettledAs = Literal["completed", "paused", "failed", "dead", "released", "returned"]

@@ -315,7 +315,7 @@ async def test_the_worker_s_claim_settle_and_next_due_statements_are_planned_onc
         for name, marker in (
             ("claim", f"{prefix}_claim_v7("),
             ("claim_queue", "WITH gate AS ("),
-            ("settle", "AS s(id, token, outcome,"),
+            ("settle", "AS u(id, token, outcome,"),
             ("next_due", " AS k(kind)"),
             ("next_due_in_queues", " AS p(priority)"),
         )

@@ -179,14 +179,21 @@ ORDER BY c.priority DESC, c.run_at, c.id;
 -- batch or fold the prune away: at a trickle (one job per settle) every custom plan would
 -- then look cheaper than the cached generic one, and the statement would be planned anew at
 -- every settle (see job_claim).
+-- A batch of one outcome (the usual: all completed) sends it once as :outcome and
+-- :outcomes as NULL; a batch with no delay sends :delay_s as NULL (0). The reply is one
+-- row: how many settlements still held their claim, with their ids only when some did not
+-- (the usual batch sends and decodes no id twice).
 WITH s AS (
-    SELECT * FROM unnest((SELECT :ids::uuid[]), (SELECT :tokens::uuid[]),
-                         (SELECT :outcomes::text[]), (SELECT :delay_s::float8[]),
-                         (SELECT :carries::text[]), (SELECT :set_carry::bool[]),
-                         (SELECT :notes::text[]), (SELECT :attachments::text[]),
-                         (SELECT :durations_s::float8[]), (SELECT :hook_tokens::uuid[]),
-                         (SELECT :results::text[]), (SELECT :progress::text[]))
-        AS s(id, token, outcome, delay_s, carry, set_carry, note, attachment, duration_s,
+    SELECT u.id, u.token, coalesce(u.outcome, (SELECT :outcome::text)) AS outcome,
+           coalesce(u.delay_s, 0) AS delay_s, u.carry, u.set_carry, u.note, u.attachment,
+           u.duration_s, u.hook_token, u.result, u.progress
+    FROM unnest((SELECT :ids::uuid[]), (SELECT :tokens::uuid[]),
+                (SELECT :outcomes::text[]), (SELECT :delay_s::float8[]),
+                (SELECT :carries::text[]), (SELECT :set_carry::bool[]),
+                (SELECT :notes::text[]), (SELECT :attachments::text[]),
+                (SELECT :durations_s::float8[]), (SELECT :hook_tokens::uuid[]),
+                (SELECT :results::text[]), (SELECT :progress::text[]))
+        AS u(id, token, outcome, delay_s, carry, set_carry, note, attachment, duration_s,
              hook_token, result, progress)
 ), settled AS (
     UPDATE {prefix}_jobs AS j SET
@@ -245,7 +252,10 @@ WITH s AS (
     SELECT pg_notify(:results_channel, id::text) FROM settled
     WHERE awaited AND status IN ('completed', 'dead')
 )
-SELECT settled.id, (SELECT count(*) FROM woken) + (SELECT count(*) FROM finished) AS woken
+SELECT count(*) AS owned,
+       CASE WHEN count(*) < cardinality((SELECT :ids::uuid[]))
+            THEN coalesce(array_agg(settled.id), '{}') END AS owned_ids,
+       (SELECT count(*) FROM woken) + (SELECT count(*) FROM finished) AS woken
 FROM settled;
 
 -- job_renew_leases --
