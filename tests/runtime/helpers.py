@@ -89,6 +89,28 @@ async def until_status(queue: Queue, job_id: ULID, *statuses: JobStatus) -> None
     await until(check)
 
 
+async def claim(
+    store: PostgresStore,
+    n: int,
+    *,
+    queue: str = "default",
+    kinds: list[str] | None = None,
+    pod: str | None = None,
+    traced: bool = False,
+) -> list[ClaimedJob]:
+    """Claim up to `n` jobs of `queue` (`kinds`, None: every kind) as worker "w", with a
+    60 s lease, as a worker's claim loop would: the store's own claim, no worker around it."""
+    return await store.claim(
+        queues=[queue],
+        kinds=kinds,
+        limit=n,
+        worker="w",
+        pod=pod,
+        default_lease_s=60,
+        traced=traced,
+    )
+
+
 def all_migrations() -> list[int]:
     """Every migration version this release ships (what migrate() applies to a new prefix)."""
     from venturi._db import sql

@@ -12,6 +12,8 @@ from venturi import Backoff, PostgresStore, Priority, Queue, Task
 from venturi._records import ClaimedJob
 from venturi.postgres import CLAIM_COLUMNS
 
+from .helpers import claim
+
 
 @dataclass
 class Tuned(Task):
@@ -47,16 +49,7 @@ async def test_every_field_of_a_claimed_job_is_read_from_its_own_column(
     await store._pool_or_raise().execute(
         f"UPDATE {store.prefix}_jobs SET trace_context = 'tp', carry = '{{\"c\": 1}}'"
     )
-    traced = await store.claim(
-        queues=["tuned-q"],
-        kinds=["tuned"],
-        limit=5,
-        worker="w",
-        pod=pod,
-        default_lease_s=60,
-        traced=True,
-    )
-    [job] = traced
+    [job] = await claim(store, 5, queue="tuned-q", kinds=["tuned"], pod=pod, traced=True)
     assert (job.kind, job.queue, job.payload, job.carry) == (
         "tuned",
         "tuned-q",

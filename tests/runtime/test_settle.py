@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from venturi import PostgresStore, Queue, Task
 from venturi._records import ClaimedJob, Settlement
 
+from .helpers import claim
+
 
 @dataclass
 class Chore(Task):
@@ -16,11 +18,10 @@ class Chore(Task):
     n: int
 
 
-async def claim(store: PostgresStore, n: int) -> list[ClaimedJob]:
+async def claimed(store: PostgresStore, n: int) -> list[ClaimedJob]:
+    """`n` new jobs, claimed."""
     await Queue(store).enqueue_many(Chore(i) for i in range(n))
-    return await store.claim(
-        queues=["default"], kinds=["chore"], limit=n, worker="w", pod=None, default_lease_s=60
-    )
+    return await claim(store, n, kinds=["chore"])
 
 
 async def rows(store: PostgresStore, jobs: list[ClaimedJob]) -> list[tuple[str, int, float]]:
@@ -37,7 +38,7 @@ async def rows(store: PostgresStore, jobs: list[ClaimedJob]) -> list[tuple[str, 
 async def test_a_settle_writes_and_answers_only_the_claims_that_still_hold(
     store: PostgresStore,
 ) -> None:
-    jobs = await claim(store, 4)
+    jobs = await claimed(store, 4)
     # Jobs 1 and 3 were recovered and claimed again elsewhere: their tokens changed.
     await store._pool_or_raise().execute(
         f"UPDATE {store.prefix}_jobs SET claim_token = gen_random_uuid() WHERE id = ANY($1)",
@@ -51,7 +52,7 @@ async def test_a_settle_writes_and_answers_only_the_claims_that_still_hold(
     assert await store.settle([Settlement.of(j, "completed") for j in lost], worker="w") == set()
     assert [r[0] for r in await rows(store, lost)] == ["claimed", "claimed"]
     # Every claim held (the usual batch): all of them.
-    more = await claim(store, 3)
+    more = await claimed(store, 3)
     owned = await store.settle([Settlement.of(j, "completed") for j in more], worker="w")
     assert owned == {j.id for j in more}
     assert await store.settle([], worker="w") == set()
@@ -60,7 +61,7 @@ async def test_a_settle_writes_and_answers_only_the_claims_that_still_hold(
 async def test_each_settlement_of_a_mixed_batch_gets_its_own_outcome_and_delay(
     store: PostgresStore,
 ) -> None:
-    jobs = await claim(store, 4)
+    jobs = await claimed(store, 4)
     owned = await store.settle(
         [
             Settlement.of(jobs[0], "completed"),
@@ -88,7 +89,7 @@ async def test_each_settlement_of_a_mixed_batch_gets_its_own_outcome_and_delay(
 
 
 async def test_a_batch_of_one_outcome_with_delays_sends_each_delay(store: PostgresStore) -> None:
-    jobs = await claim(store, 3)
+    jobs = await claimed(store, 3)
     delays = [0.0, 600.0, 1200.0]
     settlements = [Settlement.of(j, "paused", delay_s=d) for j, d in zip(jobs, delays, strict=True)]
     assert await store.settle(settlements, worker="w") == {j.id for j in jobs}

@@ -181,8 +181,8 @@ ORDER BY c.priority DESC, c.run_at, c.id;
 -- every settle (see job_claim).
 -- A batch of one outcome (the usual: all completed) sends it once as :outcome and
 -- :outcomes as NULL; a batch with no delay sends :delay_s as NULL (0). The reply is one
--- row: how many settlements still held their claim, with their ids only when some did not
--- (the usual batch sends and decodes no id twice).
+-- row: the ids of the settlements that still held their claim, only when some did not
+-- (NULL: all did; the usual batch sends and decodes no id twice).
 WITH s AS (
     SELECT u.id, u.token, coalesce(u.outcome, (SELECT :outcome::text)) AS outcome,
            coalesce(u.delay_s, 0) AS delay_s, u.carry, u.set_carry, u.note, u.attachment,
@@ -252,8 +252,7 @@ WITH s AS (
     SELECT pg_notify(:results_channel, id::text) FROM settled
     WHERE awaited AND status IN ('completed', 'dead')
 )
-SELECT count(*) AS owned,
-       CASE WHEN count(*) < cardinality((SELECT :ids::uuid[]))
+SELECT CASE WHEN count(*) < cardinality((SELECT :ids::uuid[]))
             THEN coalesce(array_agg(settled.id), '{}') END AS owned_ids,
        (SELECT count(*) FROM woken) + (SELECT count(*) FROM finished) AS woken
 FROM settled;
