@@ -191,20 +191,24 @@ async def _count_at_least(queue: Queue, n: int) -> bool:
 
 
 async def test_ticks_missed_during_downtime_run_once_or_are_skipped(store: PostgresStore) -> None:
-    minute, soon = timedelta(minutes=1), timedelta(seconds=1)
+    # Hourly ticks (aligned to the epoch): with a tick every minute, a pass of the second
+    # worker within `late_after` of a minute's start finds that tick on time (the skipper
+    # enqueues it), and a minute starting during the test adds a tick: about one run in
+    # sixty could fail.
+    hour, soon = timedelta(hours=1), timedelta(seconds=1)
     schedules = [
-        Schedule("catch-up", stamped, every=minute, missed=Missed.RUN_ONCE, late_after=soon),
-        Schedule("skipper", Tick(at="skipper"), every=minute, late_after=soon),
+        Schedule("catch-up", stamped, every=hour, missed=Missed.RUN_ONCE, late_after=soon),
+        Schedule("skipper", Tick(at="skipper"), every=hour, late_after=soon),
     ]
     first: Worker[None] = Worker(None, store, concurrency=1, schedules=schedules)
     first.register(Tick)
     queue = Queue(store)
     async with running(first):
         await until(lambda: _declared(queue, 2))
-    # Ten minutes of downtime: the rows' last ticks as they were then.
+    # Ten hours of downtime: the rows' last ticks as they were then.
     await store._pool_or_raise().execute(
-        f"UPDATE {store.prefix}_schedules SET last_tick = last_tick - interval '10 minutes', "
-        "next_tick = now() - interval '9 minutes'"
+        f"UPDATE {store.prefix}_schedules SET last_tick = last_tick - interval '10 hours', "
+        "next_tick = now() - interval '9 hours'"
     )
     second: Worker[None] = Worker(None, store, concurrency=1, schedules=schedules)
     second.register(Tick)
