@@ -18,15 +18,16 @@ from collections.abc import Mapping, Sequence
 
 PREFETCH_MAX_FACTOR = 8
 """Most jobs held ahead of free slots, as a multiple of concurrency (short jobs only)."""
-PREFETCH_MAX_FLOOR = 512
-"""... but never a cap below this many (so up to concurrency 64). The buffer covers one claim
+PREFETCH_MAX_FLOOR = 1024
+"""... but never a cap below this many (so up to concurrency 128). The buffer covers one claim
 round trip, and a worker's claims go one at a time: with handlers much shorter than a claim
 (no-op jobs) the claims, not the slots, set the pace, and each pays its fixed cost (round
 trip, planning, commit) once per batch. A bigger batch pays it less often: a drain of no-op
 jobs (in-process, fsync on) by cap, concurrency 16: 128 -> ~20,000 jobs/s, 256 -> ~23,000,
-512 -> ~25,000-28,000; concurrency 1: 64 -> ~15,000, 256 -> ~23,000, 512 -> ~24,000-26,000.
-Whatever the cap, the buffer holds one round trip's worth of work (see `prefetch_depth`): a
-claim of 512 no-op jobs took about 8-10 ms. The claim spreads the lower-tier jobs its tier
+512 -> ~25,000-28,000; concurrency 1: 64 -> ~15,000, 256 -> ~23,000, 512 -> ~24,000-26,000;
+in `python -m bench`, 1024 against 512: ~1.07x at concurrency 1 and 16. Whatever the cap, the
+buffer holds one round trip's worth of work (see `prefetch_depth`): at this cap a claim of
+~500 no-op jobs took about 13 ms. The claim spreads the lower-tier jobs its tier
 reservations picked through its rows (claim_v4, v5), so a deep buffer keeps their share in
 every stretch of runs."""
 

@@ -125,8 +125,10 @@ def test_prefetch_depth_covers_one_claim_round_trip_within_bounds() -> None:
     assert prefetch_depth(16, 0.002, 0.002) == 0  # as long as a claim: no gain
     assert prefetch_depth(16, 0.0015, 0.002) == 22  # 16 slots x 2/1.5 round trips, rounded up
     assert prefetch_depth(16, 0.0019, 0.002) == 17
-    assert prefetch_depth(16, 0.00005, 0.002) == 512  # no-op handlers: capped at 512
-    assert prefetch_depth(1, 0.0, 0.002) == 512  # few slots: capped at 512 all the same
+    assert prefetch_depth(16, 0.00005, 0.002) == 640  # 16 x 40 round trips' worth, under the cap
+    assert prefetch_depth(16, 0.00001, 0.002) == 1024  # no-op handlers: capped at 1024
+    assert prefetch_depth(1, 0.0, 0.002) == 1024  # few slots: capped at 1024 all the same
     assert prefetch_depth(1, 0.0005, 0.002) == 4  # one round trip's worth, no more
-    assert prefetch_depth(64, 0.00005, 0.002) == 512
-    assert prefetch_depth(128, 0.00005, 0.002) == 1024  # many slots: capped at 8x slots
+    assert prefetch_depth(64, 0.00005, 0.002) == 1024
+    assert prefetch_depth(128, 0.00005, 0.002) == 1024
+    assert prefetch_depth(256, 0.00005, 0.002) == 2048  # many slots: capped at 8x slots
