@@ -105,6 +105,8 @@ class Runner:
         run ends, never beside it. Their leases are renewed meanwhile, like prefetched ones."""
         self.handler_ewma: float | None = None
         self.handler_samples = 0
+        self.starts = 0
+        """Runs started so far (the claim loop yields to the ones a claim just started)."""
         self.slot_freed = asyncio.Event()
         self.changed = asyncio.Event()
         """Set when a job is taken on whose renewal is due before the renewer's next look
@@ -207,6 +209,7 @@ class Runner:
         job = held.job
         self.running[job.id] = held
         self.running_by_kind[job.kind] += 1
+        self.starts += 1
         if self._hooks.active:
             self._hooks.started(
                 Started(ULID.from_bytes(job.id.bytes), job.kind, job.queue, job.run_count)

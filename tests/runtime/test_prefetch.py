@@ -132,3 +132,52 @@ def test_prefetch_depth_covers_one_claim_round_trip_within_bounds() -> None:
     assert prefetch_depth(64, 0.00005, 0.002) == 1024
     assert prefetch_depth(128, 0.00005, 0.002) == 1024
     assert prefetch_depth(256, 0.00005, 0.002) == 2048  # many slots: capped at 8x slots
+
+
+async def test_a_claimed_job_starts_before_the_claim_loop_reads_again(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An idle worker's claim that starts a job lets it run before the loop's next database
+    call (here the next-due read after a claim that came back short of its prefetch): that
+    call's setup and send used to come first, about 0.2-0.3 ms of every pickup."""
+    store = queue.store
+    assert isinstance(store, PostgresStore)
+    events: list[str] = []
+    looked = asyncio.Event()
+    claim, next_due = store.claim, store.next_due
+
+    async def claim_logged(**kwargs: Any) -> Any:
+        events.append("claim")
+        jobs = await claim(**kwargs)
+        events.append(f"claimed {len(jobs)}")
+        return jobs
+
+    async def next_due_logged(*args: Any, **kwargs: Any) -> Any:
+        events.append("next due")
+        looked.set()
+        return await next_due(*args, **kwargs)
+
+    monkeypatch.setattr(store, "claim", claim_logged)
+    monkeypatch.setattr(store, "next_due", next_due_logged)
+    done = asyncio.Event()
+
+    async def handle(task: Step, ctx: Context[None], app: None) -> Outcome:
+        events.append("started")
+        done.set()
+        return Outcome.completed()
+
+    worker = Worker(None, store, concurrency=1)
+    worker.register(Step, handle)
+    async with running(worker):
+        await looked.wait()  # the start-up look found the queue empty
+        # The first runs warm the prefetch up: then a claim asks for more than one job, and
+        # one that comes back with a single job reads the next due time at once.
+        for n in range(3):
+            looked.clear()
+            done.clear()
+            events.clear()
+            await queue.enqueue(Step(n))
+            await done.wait()
+            await looked.wait()
+    assert events[events.index("claimed 1") + 1] == "started", events
+    assert "next due" in events[events.index("started") :], events
