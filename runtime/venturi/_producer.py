@@ -174,10 +174,11 @@ class Producer:
                     starts = runner.starts
                     claimed, exhausted = await self._claim(kinds, want)
                     if runner.starts != starts:
-                        # Jobs this claim started go first: the next claim (a prefetch,
-                        # usually) would spend its setup and send on this loop before they
-                        # ran (~0.2-0.3 ms of an idle worker's pickup). Never in a steady
-                        # drain, where claims fill the buffer and start nothing themselves.
+                        # Jobs this claim started go first: the loop's next database call
+                        # (the next-due read after a short claim, or a prefetch claim) would
+                        # spend its setup and send before they ran (~0.2-0.3 ms of an idle
+                        # worker's pickup). Never in a steady drain, where claims fill the
+                        # buffer and start nothing themselves.
                         await asyncio.sleep(0)
                 except Exception as exc:
                     if not is_database_failure(exc):
