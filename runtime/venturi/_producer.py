@@ -171,15 +171,7 @@ class Producer:
                 try:
                     if self._unsure:
                         await self._reconcile()
-                    starts = runner.starts
                     claimed, exhausted = await self._claim(kinds, want)
-                    if runner.starts != starts:
-                        # Jobs this claim started go first: the loop's next database call
-                        # (the next-due read after a short claim, or a prefetch claim) would
-                        # spend its setup and send before they ran (~0.2-0.3 ms of an idle
-                        # worker's pickup). Never in a steady drain, where claims fill the
-                        # buffer and start nothing themselves.
-                        await asyncio.sleep(0)
                 except Exception as exc:
                     if not is_database_failure(exc):
                         raise
@@ -301,6 +293,7 @@ class Producer:
                 claimed = [claimed[i] for i in order]
             self._slot_counter += len(claimed)
             self.claimed += len(claimed)
+            starts = runner.starts
             for job in claimed:
                 reg = self._registry.get(job.kind)
                 if reg is None:  # a worker that fails unknown kinds took it
@@ -308,6 +301,12 @@ class Producer:
                 else:
                     runner.accept(job, reg, began)
             claimed_all.extend(claimed)
+            if runner.starts != starts:
+                # Jobs this reply started go first: the loop's next database call (the
+                # next-due read after a short claim, a prefetch claim, the next group's)
+                # would spend its setup and send before they ran (~0.2-0.3 ms of an idle
+                # worker's pickup). Not in a steady drain, whose replies fill the buffer.
+                await asyncio.sleep(0)
         return claimed_all, exhausted
 
     def _known_lease_end(self, now: float) -> float | None:
