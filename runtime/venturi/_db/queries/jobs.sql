@@ -151,7 +151,9 @@ SELECT c.id, c.kind, c.queue, c.payload::text AS payload, c.carry::text AS carry
                    'worker', h.worker) ORDER BY h.id)
         FROM {prefix}_journal AS h WHERE h.job_id = c.id)::text END AS history,
        c.max_attempts, c.timeout_s, c.batch_id, c.priority,
-       c.id = ANY (ARRAY(SELECT p.id FROM picked AS p WHERE p.reserved)) AS reserved,
+       -- A hash of the reserved ids (a hashed subplan), not = ANY(ARRAY(...)): that compared
+       -- each row with every reserved id (see migration 0022).
+       c.id IN (SELECT p.id FROM picked AS p WHERE p.reserved) AS reserved,
        CASE WHEN (SELECT :traced::bool) THEN
            (SELECT t.trace_context FROM {prefix}_jobs AS t WHERE t.id = c.id) END
            AS trace_context
