@@ -84,7 +84,7 @@ SELECT t.queue, t.status, t.kind, t.n,
              AND j.run_at > now()
        ) ELSE 0 END AS scheduled,
        CASE WHEN t.status = 'pending' THEN (
-           SELECT extract(epoch FROM now() - j.run_at)::float8 FROM {prefix}_jobs AS j
+           SELECT date_part('epoch', now() - j.run_at) FROM {prefix}_jobs AS j
            WHERE j.status = 'pending' AND j.queue = t.queue AND j.kind = t.kind
              AND j.run_at <= now()
            ORDER BY j.run_at LIMIT 1

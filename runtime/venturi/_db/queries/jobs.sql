@@ -143,7 +143,8 @@ WITH gate AS (
 )
 SELECT c.id, c.kind, c.queue, c.payload::text AS payload, c.carry::text AS carry,
        c.run_count, c.failures, c.claim_token, c.lease_s, c.backoff_base_s, c.backoff_cap_s,
-       extract(epoch FROM now() - c.run_at)::float8 AS waited_s,
+       -- date_part gives float8 directly; extract() computes in numeric (~0.3 us a row).
+       date_part('epoch', now() - c.run_at) AS waited_s,
        CASE WHEN c.run_count > 1 OR c.dedup_key IS NOT NULL THEN
        (SELECT jsonb_agg(jsonb_build_object(
                    'run', h.run, 'outcome', h.outcome, 'at', h.at, 'note', h.note,

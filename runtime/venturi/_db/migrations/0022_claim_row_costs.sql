@@ -1,10 +1,12 @@
--- claim_v7 reads whether a tier reservation picked each claimed row from a hash of the
--- picked ids (`IN (SELECT ...)`, a hashed subplan), not with `= ANY(ARRAY(...))`, which
--- compared every claimed row with every reserved id: at the default ratio (4) a quarter of
--- a claim's slots are reserved, so a claim of 1,000 jobs made ~250,000 comparisons, about
--- 1.5 ms of its ~13 ms. Same arguments, same rows: the function is replaced in place, and
--- workers of the previous release call it too. The plain one-queue claim (job_claim_queue)
--- changes the same way.
+-- claim_v7, replaced in place (same arguments, same rows; workers of the previous release
+-- call it too), with two costs per claimed row taken out:
+-- - whether a tier reservation picked the row is read from a hash of the picked ids
+--   (`IN (SELECT ...)`, a hashed subplan), not with `= ANY(ARRAY(...))`, which compared every
+--   claimed row with every reserved id: at the default ratio (4) a quarter of a claim's slots
+--   are reserved, so a claim of 1,000 jobs made ~250,000 comparisons, about 1.5 ms of ~13 ms;
+-- - the wait is `date_part('epoch', ...)`, a float8, not `extract(...)::float8`, which
+--   computes in numeric (about 0.3 us a row).
+-- The plain one-queue claim (job_claim_queue) changes the same way.
 
 CREATE OR REPLACE FUNCTION {prefix}_claim_v7(
     queues text[],
@@ -124,7 +126,7 @@ BEGIN
         -- `venturi._claims.spread_order`).
         SELECT c.id, c.kind, c.queue, c.payload::text, c.carry::text, c.run_count, c.failures,
                c.claim_token, c.lease_s, c.backoff_base_s, c.backoff_cap_s,
-               extract(epoch FROM now() - c.run_at)::float8,
+               date_part('epoch', now() - c.run_at),
                -- A first run has no history unless a merge journaled one (merges need a
                -- dedup key), so most claims skip the journal entirely.
                CASE WHEN c.run_count > 1 OR c.dedup_key IS NOT NULL THEN
