@@ -152,6 +152,12 @@ async def test_both_claim_the_same_jobs_in_the_same_order(
     assert [{**r, "claim_token": None} for r in plain] == [
         {**r, "claim_token": None} for r in function
     ]
+    # One token per claim (a draw per job cost ~1.5 us), drawn afresh by each claim: with
+    # the job's id it says "still claimed by this claim".
+    for rows in (plain, function):
+        assert len({r["claim_token"] for r in rows}) == min(len(rows), 1)
+    if plain:
+        assert plain[0]["claim_token"] != function[0]["claim_token"]
     if case.get("reserved_low"):
         assert any(r["reserved"] for r in plain)
     if history:
