@@ -285,7 +285,8 @@ class Producer:
                 held_lease_s=(known := self._known_lease_end(began)),
                 traced=self._traced,
             )
-            self._claim_ewma = _ewma(self._claim_ewma, loop.time() - began)
+            replied = loop.time()
+            self._claim_ewma = _ewma(self._claim_ewma, replied - began)
             self._note_announced(claimed, known, began)
             exhausted = exhausted and len(claimed) < room
             if len(claimed) > 1:  # in the order to start them (the reserved ones spread)
@@ -299,7 +300,7 @@ class Producer:
                 if reg is None:  # a worker that fails unknown kinds took it
                     runner.refuse(job, f"no task registered for kind {job.kind!r}")
                 else:
-                    runner.accept(job, reg, began)
+                    runner.accept(job, reg, began, replied)
             claimed_all.extend(claimed)
             if runner.starts != starts:
                 # Jobs this reply started go first: the loop's next database call (the

@@ -155,8 +155,11 @@ class Runner:
             *self._completer.unwritten(),
         ]
 
-    def accept(self, job: ClaimedJob, reg: Registration, claimed_at: float) -> None:
-        """Start a claimed job now, or hold it in the prefetch buffer."""
+    def accept(
+        self, job: ClaimedJob, reg: Registration, claimed_at: float, replied_at: float
+    ) -> None:
+        """Start a claimed job now, or hold it in the prefetch buffer. `claimed_at` and
+        `replied_at` are the loop's time when its claim was sent and when the reply came."""
         held = Held(job, reg, claimed_at)
         self.idle.clear()
         if self._hooks.active:
@@ -165,7 +168,7 @@ class Runner:
                     ULID.from_bytes(job.id.bytes), job.kind, job.queue, job.run_count, job.waited_s
                 )
             )
-        if asyncio.get_running_loop().time() >= held.abort_at:
+        if replied_at >= held.abort_at:
             # The claim's reply came too late (a connection that stalled): the lease may be
             # over and the job recovered elsewhere. Never start it; hand it back unrun.
             logger.warning(

@@ -64,19 +64,32 @@ class Cancellation:
     `Context` (which reads it). `forced` is set when the worker also cancels the handler's
     task: the executor then releases the job with `note`, instead of failing the run."""
 
-    __slots__ = ("event", "forced", "note", "reason")
+    __slots__ = ("_event", "forced", "note", "reason")
 
     def __init__(self) -> None:
-        self.event = asyncio.Event()
+        # Made when a run first waits for it: most runs never do, and an Event per job was
+        # a few percent of a worker's CPU in a drain of short jobs.
+        self._event: asyncio.Event | None = None
         self.reason: CancelReason | None = None
+        """Why the run was asked to wind down (None: it was not)."""
         self.forced = False
         self.note: str | None = None
+
+    @property
+    def event(self) -> asyncio.Event:
+        """Set once the run is asked to wind down."""
+        if self._event is None:
+            self._event = asyncio.Event()
+            if self.reason is not None:
+                self._event.set()
+        return self._event
 
     def request(self, reason: CancelReason) -> None:
         """Ask the run to wind down (the first reason given is kept)."""
         if self.reason is None:
             self.reason = reason
-        self.event.set()
+        if self._event is not None:
+            self._event.set()
 
     def force(self, reason: CancelReason, note: str) -> None:
         """Record a forced abort; the caller cancels the task."""
@@ -202,7 +215,7 @@ class Context(Generic[C]):
     @property
     def is_cancelled(self) -> bool:
         """True once the worker asked this run to wind down (see `cancel_reason`)."""
-        return self._cancellation.event.is_set()
+        return self._cancellation.reason is not None
 
     @property
     def cancel_reason(self) -> CancelReason | None:

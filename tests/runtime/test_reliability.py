@@ -822,3 +822,52 @@ async def test_capped_kind_resumes_promptly_when_its_slot_frees(queue: Queue) ->
             await until(lambda: started(2), limit=5.0)
         finally:
             gate.release(Capped.KIND)
+
+
+@dataclass
+class Brief(Task):
+    """A task with the shortest lease a job may have."""
+
+    KIND = "brief"
+    n: int
+
+    def lease(self) -> float:
+        return 0.5
+
+
+async def test_a_claim_reply_that_comes_as_its_lease_ends_hands_the_job_back(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A claim whose reply arrives when its leases are about to end (a stalled connection):
+    the job may be recovered and claimed elsewhere already, so the worker never starts it
+    from that claim; it hands it back unrun (or the rescuer has recovered it first) and runs
+    it from a later claim."""
+    store = queue.store
+    claim = store.claim
+    replies: list[int] = []
+
+    async def stalled_once(**kwargs: Any) -> Any:
+        jobs = await claim(**kwargs)
+        if jobs and not replies:
+            await asyncio.sleep(0.6)  # the stall itself: past the 0.5 s lease's abort point
+        if jobs:
+            replies.append(len(jobs))
+        return jobs
+
+    monkeypatch.setattr(store, "claim", stalled_once)
+    caplog.set_level(logging.WARNING, logger="venturi")
+    runs: list[int] = []
+    done = asyncio.Event()
+
+    async def handle(task: Brief, ctx: Context[None], app: None) -> None:
+        runs.append(len(replies))  # which claim's reply started it
+        done.set()
+
+    worker = Worker(None, store, concurrency=1)
+    worker.register(Brief, handle)
+    async with running(worker):
+        await queue.enqueue(Brief(1))
+        await asyncio.wait_for(done.wait(), WAIT_TIMEOUT)
+    assert replies == [1, 1]  # the stalled claim's job came back from the next claim
+    assert runs == [2]  # run once, from the second claim
+    assert any("arrived as its lease was ending" in r.getMessage() for r in caplog.records)
