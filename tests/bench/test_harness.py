@@ -240,3 +240,11 @@ def test_venturi_is_built_from_the_commit_asked_for(tmp_path: Path) -> None:
     assert (src / "pyproject.toml").exists()
     src = venvs._venturi_sources(repo, tmp_path / "out-head", "head")
     assert (src / "runtime" / "venturi" / "worker.py").read_text() == "AFTER = True\n"
+
+
+async def test_the_runner_benchmark_hands_every_job_off() -> None:
+    """`python -m bench.runner` times the worker's own path per job: a pass that lost a job
+    (a run that never ended, a settlement that never came) would time less than the work."""
+    from bench.runner import cpu_per_job
+
+    assert await cpu_per_job(1_200, 4) > 0  # raises if a job was not handed off
