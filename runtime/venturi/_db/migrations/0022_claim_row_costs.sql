@@ -1,5 +1,6 @@
--- claim_v7, replaced in place (same arguments, same rows; workers of the previous release
--- call it too), with two costs per claimed row taken out:
+-- claim_v7, replaced in place (the same arguments and rows, but one claim token for all the
+-- rows of a claim; workers of the previous release call it too), with three costs per
+-- claimed row taken out:
 -- - whether a tier reservation picked the row is read from a hash of the picked ids
 --   (`IN (SELECT ...)`, a hashed subplan), not with `= ANY(ARRAY(...))`, which compared every
 --   claimed row with every reserved id: at the default ratio (4) a quarter of a claim's slots
