@@ -649,11 +649,15 @@ class PostgresStore:
         }
 
     def _insert_values(self, jobs: NewJobs) -> dict[str, Any]:
+        kinds = _varying(jobs.kinds)
+        priorities = _varying(jobs.priorities)
         return {
             "queue": jobs.queue,
             "ids": jobs.ids,
-            "kinds": jobs.kinds,
-            "priorities": jobs.priorities,
+            "kind": jobs.kinds[0] if kinds is None else None,
+            "kinds": kinds,
+            "priority": jobs.priorities[0] if priorities is None else None,
+            "priorities": priorities,
             "payloads": jobs.payloads,
             "run_at": _column(jobs.run_at),
             "delay_s": _column(jobs.delay_s),
@@ -667,7 +671,7 @@ class PostgresStore:
             "timeout_s": _column(jobs.timeout_s),
             "batch_id": jobs.batch_id,
             "channel": self.channel,
-            "wake_kinds": list(set(jobs.kinds)),
+            "wake_kinds": [jobs.kinds[0]] if kinds is None else list(set(kinds)),
         }
 
     @_schema_required
@@ -1632,6 +1636,12 @@ def _column(values: Sequence[Any] | None) -> Sequence[Any] | None:
     """NULL for an all-NULL column: multi-array unnest() pads it with NULLs, and asyncpg
     skips encoding a thousand Nones (optional columns are usually unset)."""
     return None if values is None or all(v is None for v in values) else values
+
+
+def _varying(values: Sequence[Any]) -> Sequence[Any] | None:
+    """None for a column of one value repeated (the statement then takes that value once):
+    asyncpg checks each element of an array it encodes against three abstract classes."""
+    return None if values.count(values[0]) == len(values) else values
 
 
 def _flags(values: Sequence[bool]) -> Sequence[bool] | None:

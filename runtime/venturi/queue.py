@@ -140,7 +140,7 @@ def new_ids(n: int) -> list[ULID]:
     with _ids_lock:
         first = max((ms << 80) | random_part, _last_id + 1)
         _last_id = first + n - 1
-    return [ULID.from_int(first + i) for i in range(n)]
+    return [ULID((first + i).to_bytes(16, "big")) for i in range(n)]  # from_int, inlined
 
 
 class Queue:
@@ -358,7 +358,7 @@ class Queue:
     ) -> list[ULID]:
         """enqueue_many's inserts; `traced`: the ids chosen and their trace contexts."""
         ids, contexts = traced if traced is not None else (new_ids(len(tasks)), None)
-        if all(_no_policy(type(t)) for t in tasks):
+        if all(_no_policy(t) for t in {type(task) for task in tasks}):
             batch = self._plain_jobs(tasks, ids, priority, called, contexts)
             await store.insert(batch)
             self._enqueued(batch)
@@ -394,12 +394,16 @@ class Queue:
         """The jobs of `tasks` that have no per-job policy (the caller checked: no hooks to
         call, no dedup keys), by column, without a record per job: the common bulk case."""
         tier = int(Priority(priority)) if priority is not None else _NORMAL
-        kinds = [_kind(type(t)) for t in tasks]
+        # Looked up once per task class, not once per job (a batch is usually of one class).
+        classes = {
+            tp: (_kind(tp), called or _task_queue(tp) or self.queue) for tp in set(map(type, tasks))
+        }
+        kinds = [classes[type(t)][0] for t in tasks]
         encode = self.codec.encode
         payloads = [encode(t, kind=k) for t, k in zip(tasks, kinds, strict=True)]
-        queues = [called or _task_queue(type(t)) or self.queue for t in tasks]
+        queues = [classes[type(t)][1] for t in tasks]
         first = queues[0] if queues else self.queue
-        by_job = None if all(q == first for q in queues) else queues
+        by_job = None if queues.count(first) == len(queues) else queues
         traces = None if contexts is None else _optional_column(contexts)
         return NewJobs(
             first, ids, kinds, [tier] * len(ids), payloads, queues=by_job, trace_contexts=traces

@@ -71,4 +71,4 @@ def test_the_shipped_statements_load_and_render_for_a_prefix() -> None:
         assert not re.search(r"(?<!:):[a-z_]", code), f"{stmt.name}: uncompiled parameter"
     assert "acme_jobs" in queries["job_insert"].text
     # Numbered in order of first appearance: the scalars of the select list, then the columns.
-    assert queries["job_insert"].params[:3] == ("queue", "batch_id", "ids")
+    assert queries["job_insert"].params[:4] == ("kind", "queue", "priority", "batch_id")

@@ -82,6 +82,8 @@ async def test_counts_match_the_table_through_the_whole_lifecycle(queue: Queue) 
     }
     assert stats.pending_by_kind == {"other": 1}
     assert stats.scheduled_by_kind == {"mixed": 1}
+    # mixed's one pending job is not due yet: no age, where the oldest pending job is probed
+    assert stats.oldest_pending_age_by_kind.keys() == {"other"}
     assert stats.dead_by_kind == {"mixed": 20}
     assert stats.completed_by_kind == {"mixed": 40}
     assert (stats.completed, stats.dead) == (40, 20)

@@ -93,7 +93,7 @@ async def test_enqueue_many_stores_policy_for_plain_and_hooked_classes(
     )
     by_id = {ULID.from_bytes(r["id"].bytes): r for r in rows}
     assert len(by_id) == 4
-    assert [by_id[i]["priority"] for i in plain] == [2, 2]
+    assert [(by_id[i]["kind"], by_id[i]["priority"]) for i in plain] == [("ping", 2)] * 2
     assert [by_id[i]["lease_s"] for i in plain] == [None, None]
     assert [(by_id[i]["kind"], by_id[i]["lease_s"]) for i in mixed] == [
         ("ping", None),
@@ -101,6 +101,26 @@ async def test_enqueue_many_stores_policy_for_plain_and_hooked_classes(
     ]
     assert {r["queue"] for r in rows} == {"default"}
     assert {r["payload"] for r in rows} == {"{}"}
+
+
+async def test_a_batch_stores_each_job_s_kind_and_priority_whether_or_not_they_vary(
+    store: PostgresStore, prefix: str
+) -> None:
+    """A column of one value repeated is sent as that value once: every mix of one and many
+    kinds and priorities stores each job's own."""
+    shapes = [
+        (["a", "a", "a"], [1, 1, 1]),
+        (["a", "a", "a"], [0, 2, 1]),
+        (["a", "b", "a"], [1, 1, 1]),
+        (["b", "a", "c"], [2, 0, 1]),
+    ]
+    expected: dict[ULID, tuple[str, int]] = {}
+    for kinds, priorities in shapes:
+        ids = [ULID() for _ in kinds]
+        await store.insert(NewJobs("q", ids, kinds, priorities, ["{}"] * len(ids)))
+        expected.update(zip(ids, zip(kinds, priorities, strict=True), strict=True))
+    rows = await store._pool_or_raise().fetch(f"SELECT id, kind, priority FROM {prefix}_jobs")
+    assert {ULID.from_bytes(r["id"].bytes): (r["kind"], r["priority"]) for r in rows} == expected
 
 
 def test_a_batch_has_a_value_per_job_in_every_column() -> None:

@@ -11,13 +11,16 @@
 -- :wake_kinds are the batch's distinct kinds: the insert runs once, whole or not at all,
 -- whether or not it is read, so they are what it inserted (a DISTINCT over its RETURNING
 -- costs about 25 us a statement).
--- Every job goes to :queue, unless :queues (a batch spanning several queues) names each one's.
+-- Every job goes to :queue, unless :queues (a batch spanning several queues) names each one's;
+-- likewise every job is of :kind and :priority unless :kinds and :priorities name each one's
+-- (a batch is usually of one kind and one priority: one value each to send, not a thousand).
 -- :batch_id: the Queue.batch they belong to (NULL for nearly every insert).
 WITH inserted AS (
     INSERT INTO {prefix}_jobs (id, kind, queue, priority, run_at, payload,
                                lease_s, backoff_base_s, backoff_cap_s, dedup_key,
                                max_attempts, timeout_s, trace_context, batch_id)
-    SELECT r.id, r.kind, coalesce(r.queue, :queue), r.priority,
+    SELECT r.id, coalesce(r.kind, :kind::text), coalesce(r.queue, :queue),
+           coalesce(r.priority, :priority::smallint),
            coalesce(r.run_at, now() + make_interval(secs => coalesce(r.delay_s, 0))),
            r.payload::jsonb, r.lease_s, r.backoff_base_s, r.backoff_cap_s, r.dedup_key,
            r.max_attempts, r.timeout_s, r.trace_context, :batch_id::uuid
