@@ -16,6 +16,7 @@ import pytest
 from bench.harness import read_proc
 
 from bench import report, systems
+from venturi import PostgresStore, Queue
 
 _PARENT = (
     "import subprocess, sys, time\n"
@@ -248,3 +249,23 @@ async def test_the_runner_benchmark_hands_every_job_off() -> None:
     from bench.runner import cpu_per_job
 
     assert await cpu_per_job(1_200, 4) > 0  # raises if a job was not handed off
+
+
+async def test_the_stats_bench_gives_each_pending_job_its_own_run_at(
+    store: PostgresStore,
+) -> None:
+    """`python -m bench.stats`'s last shape: the backlog's clones share a run_at per queue and
+    kind (the index stores it once); the shape gives each job its own, as single enqueues do,
+    and stats() still reads every queue and kind's oldest age."""
+    from bench.stats import KINDS, QUEUES, _preload, _run_at_per_job
+
+    prefix = store.prefix
+    async with store._pool_or_raise().acquire() as conn:
+        await _preload(store, conn, 400)
+        distinct = f"SELECT count(DISTINCT run_at) FROM {prefix}_jobs WHERE status = 'pending'"
+        assert await conn.fetchval(distinct) == KINDS * QUEUES  # one per batch (statement)
+        await _run_at_per_job(store, conn)
+        assert await conn.fetchval(distinct) == 400
+    stats = await Queue(store).stats()
+    assert stats.pending == 400
+    assert sum(len(q.oldest_pending_age_by_kind) for q in stats.queues.values()) == KINDS * QUEUES
