@@ -1640,7 +1640,7 @@ def _column(values: Sequence[Any] | None) -> Sequence[Any] | None:
 
 def _varying(values: Sequence[Any]) -> Sequence[Any] | None:
     """None for a column of one value repeated (the statement then takes that value once):
-    asyncpg checks each element of an array it encodes against three abstract classes."""
+    asyncpg checks each element of an array it encodes against abstract base classes."""
     return None if values.count(values[0]) == len(values) else values
 
 

@@ -358,7 +358,7 @@ class Queue:
     ) -> list[ULID]:
         """enqueue_many's inserts; `traced`: the ids chosen and their trace contexts."""
         ids, contexts = traced if traced is not None else (new_ids(len(tasks)), None)
-        if all(_no_policy(t) for t in {type(task) for task in tasks}):
+        if all(_no_policy(tp) for tp in {type(task) for task in tasks}):
             batch = self._plain_jobs(tasks, ids, priority, called, contexts)
             await store.insert(batch)
             self._enqueued(batch)

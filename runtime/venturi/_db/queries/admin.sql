@@ -48,11 +48,10 @@ SELECT count(*) AS deleted FROM deleted;
 -- with pending jobs, one index probe for the oldest eligible job (the oldest pending one, if
 -- it is due) and, only where the latest run_at written for a pending job (the counts'
 -- run_at_max) is still ahead, a range count of the scheduled ones (jobs waiting for a future
--- run_at); as rows of the statuses
--- 'done_last_hour' and 'failed_last_hour', the jobs finished in the minutes that began in
--- the last hour (the leader's sum of most of them, and a range of the minute counts' primary
--- key for the rest); and a row of status 'paused' per
--- queue paused now (QueueStats.paused), so that stats() is one round trip.
+-- run_at); as rows of the statuses 'done_last_hour' and 'failed_last_hour', the jobs finished
+-- in the minutes that began in the last hour (the leader's sum of most of them, and a range
+-- of the minute counts' primary key for the rest); and a row of status 'paused' per queue
+-- paused now (QueueStats.paused), so that stats() is one round trip.
 WITH totals AS (
     SELECT queue, kind, status, sum(n)::bigint AS n, max(run_at_max) AS run_at_max
     FROM {prefix}_counts
