@@ -834,15 +834,15 @@ class PostgresStore:
             self._prune_due = now + PRUNE_INTERVAL_S
         ids = [s.id for s in settlements]
         outcomes = [s.outcome for s in settlements]
-        one = outcomes[0] if outcomes and outcomes.count(outcomes[0]) == len(outcomes) else None
+        varying = _varying(outcomes)
         delays = [s.delay_s for s in settlements]
         # The usual batch (one outcome, no delay) sends each once, not once per job: asyncpg
         # checks every element of an array it encodes (about 0.25 us each).
         values = {
             "ids": ids,
             "tokens": [s.claim_token for s in settlements],
-            "outcome": one,
-            "outcomes": outcomes if one is None else None,
+            "outcome": outcomes[0] if varying is None else None,
+            "outcomes": varying,
             "delay_s": delays if any(delays) else None,
             "carries": _column([s.carry for s in settlements]),
             "set_carry": _flags([s.set_carry for s in settlements]),
@@ -1641,7 +1641,7 @@ def _column(values: Sequence[Any] | None) -> Sequence[Any] | None:
 def _varying(values: Sequence[Any]) -> Sequence[Any] | None:
     """None for a column of one value repeated (the statement then takes that value once):
     asyncpg checks each element of an array it encodes against abstract base classes."""
-    return None if values.count(values[0]) == len(values) else values
+    return None if values and values.count(values[0]) == len(values) else values
 
 
 def _flags(values: Sequence[bool]) -> Sequence[bool] | None:
