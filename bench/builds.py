@@ -64,8 +64,9 @@ def graphile(log: Path) -> Path:
             env={**os.environ, "npm_config_cache": str(cache_base() / "npm")},
         )
         stamp.write_bytes(lock)
-    # The script is copied on every run, so the one measured is the repository's.
-    shutil.copy2(src / "adapter.mjs", dest / "adapter.mjs")
+    # The scripts are copied on every run, so the ones measured are the repository's.
+    for name in ("adapter.mjs", "clock.mjs"):
+        shutil.copy2(src / name, dest / name)
     return dest / "adapter.mjs"
 
 

@@ -71,6 +71,19 @@ def wait_percentiles_ms(enqueued: Sequence[float], started: Sequence[float]) -> 
     return {f"wait_p{p}_ms": percentile(waits, p) for p in (50, 90, 99)}
 
 
+def clock_warning(enqueued: Sequence[float], started: Sequence[float]) -> str | None:
+    """A note when a job started before it was enqueued: no queue does that, so the producer's
+    and the worker's clocks disagree (they are two processes) and the waits are off by as much."""
+    waits = [(s - e) * 1000.0 for e, s in zip(enqueued, started, strict=True)]
+    negative = [w for w in waits if w < 0]
+    if not negative:
+        return None
+    return (
+        f"{len(negative):,} of {len(waits):,} waits negative (down to {min(negative):.2f} ms): "
+        "the producer's and the worker's clocks disagree"
+    )
+
+
 def start_rate(started: Sequence[float], count: int | None = None) -> float:
     """Jobs/s between the first and the ``count``-th handler start (all of them by default).
 

@@ -154,8 +154,9 @@ class Results:
             notes = [f"failed: {r['error']}"] if "error" in r else []
             notes += [_skip_note(r, k, why) for k, why in r.get("skipped", {}).items()]
             info = r.get("info", {})
-            notes += [f"warning: {info['warning']}"] if "warning" in info else []
-            notes += [f"rep {r['rep'] + 1}: {info['capped']}"] if "capped" in info else []
+            rep = f"rep {r['rep'] + 1}"
+            notes += [f"{rep}: warning: {info['warning']}"] if "warning" in info else []
+            notes += [f"{rep}: {info['capped']}"] if "capped" in info else []
             for note in notes:
                 if note not in seen:
                     seen.append(note)

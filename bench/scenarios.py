@@ -16,7 +16,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from bench.harness import load_timings, start_rate, wait_percentiles_ms
+from bench.harness import clock_warning, load_timings, start_rate, wait_percentiles_ms
 from bench.pg import PrivateServer
 from bench.processes import (
     AdapterError,
@@ -186,8 +186,13 @@ class Runner:
         else:
             out.metrics["rate"] = n / (done["t_done"] - first)
             out.info = {"handler_starts": stopped["count"], "completion_polls": done["polls"]}
-            if stopped["count"] != n:
-                out.info["warning"] = f"{stopped['count']} handler starts for {n} jobs"
+        warnings = []
+        if not capped and stopped["count"] != n:
+            warnings.append(f"{stopped['count']} handler starts for {n} jobs")
+        if clock := clock_warning(enqueued, started):
+            warnings.append(clock)
+        if warnings:
+            out.info["warning"] = "; ".join(warnings)
         out.metrics.update(wait_percentiles_ms(enqueued, started))
         out.metrics["rss_peak_mb"] = after.rss_peak_bytes / MB
         out.metrics["cpu_s_per_10k"] = (
@@ -244,6 +249,8 @@ class Runner:
             enqueued, started = load_timings(timings)
         waits = wait_percentiles_ms(enqueued, started)
         info: dict[str, Any] = {"jobs": len(started), "producer_max_lag_ms": paced["max_lag_ms"]}
+        if warning := clock_warning(enqueued, started):
+            info["warning"] = warning
         if not behind:
             return Outcome(metrics=waits, info=info)
         # A worker slower than the offered rate: its queue grows, and the waits of the jobs it

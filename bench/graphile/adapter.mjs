@@ -19,12 +19,12 @@ import readline from "node:readline";
 import { performance } from "node:perf_hooks";
 import { run, makeWorkerUtils, Logger } from "graphile-worker";
 import pg from "pg";
+import { wallClock } from "./clock.mjs";
 
 const PRELOAD_BATCH = 1000;
 const JOBS = "graphile_worker._private_jobs";
 
-// The one clock, as bench/harness.py's: wall time in seconds, sub-millisecond.
-const now = () => (performance.timeOrigin + performance.now()) / 1000;
+const now = wallClock();
 
 // The protocol owns the real stdout; anything a library prints goes to stderr (the log).
 const emit = (value) => fs.writeSync(1, JSON.stringify(value) + "\n");

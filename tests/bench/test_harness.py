@@ -6,6 +6,8 @@ these pin the pieces that decide what a figure means.
 
 from __future__ import annotations
 
+import json
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -13,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bench.harness import read_proc
+from bench.harness import clock_warning, read_proc
 
 from bench import report, systems
 from venturi import PostgresStore, Queue
@@ -125,6 +127,62 @@ def test_report_names_a_capped_drain_and_the_scenarios_venturi_trails() -> None:
     ahead = next(line for line in text.splitlines() if "Every scenario ahead" in line)
     assert "drain_c1 jobs/s (river)" in ahead
     assert "**missed**" in ahead
+
+
+def test_a_job_started_before_it_was_enqueued_is_reported_as_a_clock_defect() -> None:
+    assert clock_warning([10.0, 20.0], [10.002, 20.001]) is None
+    warning = clock_warning([10.0, 20.0, 30.0], [10.002, 19.9995, 29.999])
+    assert warning == (
+        "2 of 3 waits negative (down to -1.00 ms): the producer's and the worker's clocks disagree"
+    )
+    pickup = {"wait_p50_ms": 1.0, "wait_p90_ms": 1.0, "wait_p99_ms": 1.0}
+    raw = _raw(
+        [
+            _record("venturi", "pickup", metrics=pickup),
+            {**_record("river", "pickup", metrics=pickup), "info": {"warning": warning}},
+        ],
+        ["pickup"],
+    )
+    assert f"- river: rep 1: warning: {warning}" in report.render(raw)
+
+
+_CLOCK_RUN = """
+import {{ wallClock }} from {clock};
+// A simulated machine: every clock read takes 10 us; `wall` is the true wall time (ms),
+// `mono` a monotonic clock with its own origin that a wall-clock step does not move.
+let wall = 1_000_000.0, mono = 5.0;
+const tick = () => {{ wall += 0.01; mono += 0.01; }};
+const now = wallClock({{ wall: () => (tick(), Math.floor(wall)), mono: () => (tick(), mono) }});
+const error = () => {{ const t = now() * 1000; return t - wall; }};
+const errors = {{ start: error() }};
+wall += 250; mono += 250;
+errors.steady = error();
+wall += 3;  // the wall clock steps ahead of the monotonic one
+errors.ahead = [error(), error()];
+wall -= 7;  // and back behind it
+errors.behind = [error(), error()];
+console.log(JSON.stringify(errors));
+"""
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="the graphile-worker adapter runs on node")
+def test_the_graphile_adapter_s_clock_reads_the_wall_clock_even_when_it_steps() -> None:
+    clock = json.dumps((Path(__file__).parents[2] / "bench/graphile/clock.mjs").as_uri())
+    run = subprocess.run(
+        ["node", "--input-type=module", "-e", _CLOCK_RUN.format(clock=clock)],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=30,
+    )
+    errors = json.loads(run.stdout)
+    # Calibrated at a millisecond edge, it reads the wall clock to within a few clock reads.
+    assert abs(errors["start"]) < 0.05
+    assert abs(errors["steady"]) < 0.05
+    # A monotonic clock carried forward would read 3 ms behind, then 4 ms ahead; it follows
+    # the wall clock to within the millisecond that Date.now() gives.
+    for error in errors["ahead"] + errors["behind"]:
+        assert abs(error) <= 1.0
 
 
 def test_report_tells_a_scenario_not_run_from_one_that_gave_no_figure() -> None:
