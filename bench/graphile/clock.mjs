@@ -5,9 +5,10 @@
 // reading taken at start-up and carried forward on the monotonic clock, and a repetition once
 // read a negative median wait (-0.5 ms). So the offset from the monotonic clock to the wall
 // clock is measured at a millisecond edge of Date.now() (the monotonic clock read late only
-// lowers it: the highest of three is kept), and every reading is kept inside the millisecond
-// that Date.now() gives at that moment: a wall clock that moves is followed within one
-// millisecond, without a pause.
+// lowers it: the highest of three is kept), and a reading taken between two equal Date.now()
+// readings is kept inside their millisecond: a wall clock that moves is followed within one
+// millisecond, without a pause (a reading split across an edge, or by a preemption, is left
+// as it is rather than mistaken for a move).
 import { performance } from "node:perf_hooks";
 
 export function wallClock({ wall = Date.now, mono = () => performance.now() } = {}) {
@@ -19,14 +20,16 @@ export function wallClock({ wall = Date.now, mono = () => performance.now() } = 
     offset = Math.max(offset, edge - mono());
   }
   return () => {
+    const ms = wall();
     let t = offset + mono();
-    const ms = wall(); // read after t: across an edge t may sit just below it
-    if (t < ms - 0.05) {
-      offset += ms - t;
-      t = ms;
-    } else if (t >= ms + 1) {
-      offset -= t - (ms + 1);
-      t = ms + 1;
+    if (wall() === ms) {
+      if (t < ms) {
+        offset += ms - t;
+        t = ms;
+      } else if (t >= ms + 1) {
+        offset -= t - (ms + 1);
+        t = ms + 1;
+      }
     }
     return t / 1000;
   };
