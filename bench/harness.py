@@ -66,15 +66,20 @@ def percentile(values: Sequence[float], p: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (rank - low)
 
 
+def waits_ms(enqueued: Sequence[float], started: Sequence[float]) -> list[float]:
+    """Each job's wait, handler start - enqueue, in milliseconds."""
+    return [(s - e) * 1000.0 for e, s in zip(enqueued, started, strict=True)]
+
+
 def wait_percentiles_ms(enqueued: Sequence[float], started: Sequence[float]) -> dict[str, float]:
-    waits = [(s - e) * 1000.0 for e, s in zip(enqueued, started, strict=True)]
+    waits = waits_ms(enqueued, started)
     return {f"wait_p{p}_ms": percentile(waits, p) for p in (50, 90, 99)}
 
 
 def clock_warning(enqueued: Sequence[float], started: Sequence[float]) -> str | None:
     """A note when a job started before it was enqueued: no queue does that, so the producer's
     and the worker's clocks disagree (they are two processes) and the waits are off by as much."""
-    waits = [(s - e) * 1000.0 for e, s in zip(enqueued, started, strict=True)]
+    waits = waits_ms(enqueued, started)
     negative = [w for w in waits if w < 0]
     if not negative:
         return None
