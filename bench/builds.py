@@ -64,9 +64,10 @@ def graphile(log: Path) -> Path:
             env={**os.environ, "npm_config_cache": str(cache_base() / "npm")},
         )
         stamp.write_bytes(lock)
-    # The scripts are copied on every run, so the ones measured are the repository's.
-    for name in ("adapter.mjs", "clock.mjs"):
-        shutil.copy2(src / name, dest / name)
+    # The scripts (the adapter and its modules) are copied on every run, so the ones measured
+    # are the repository's.
+    for script in src.glob("*.mjs"):
+        shutil.copy2(script, dest / script.name)
     return dest / "adapter.mjs"
 
 
