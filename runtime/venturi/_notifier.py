@@ -21,6 +21,7 @@ import asyncio
 import logging
 import random
 import time
+import uuid
 from collections.abc import Callable
 
 from venturi._db.failures import describe, is_database_failure
@@ -45,6 +46,7 @@ class Notifier:
         *,
         on_lease: Callable[[str, float], None] | None = None,
         on_queue: Callable[[str, bool], None] | None = None,
+        on_batch: Callable[[uuid.UUID], None] | None = None,
         on_connected: Callable[[], None] | None = None,
         probe_interval: float = PROBE_INTERVAL,
     ) -> None:
@@ -52,6 +54,7 @@ class Notifier:
         self._on_notify = on_notify
         self._on_lease = on_lease
         self._on_queue = on_queue
+        self._on_batch = on_batch
         self._on_connected = on_connected
         self._probe_interval = probe_interval
         self._lost = asyncio.Event()
@@ -71,7 +74,7 @@ class Notifier:
             self._lost.clear()
             try:
                 async with self._store.listen(
-                    self._on_notify, self._lost.set, self._on_lease, self._on_queue
+                    self._on_notify, self._lost.set, self._on_lease, self._on_queue, self._on_batch
                 ) as listening:
                     self.connected.set()
                     if self._on_connected is not None:

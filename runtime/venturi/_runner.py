@@ -5,7 +5,11 @@ renewed all the same) until one frees. Each run goes through the executor (middl
 handler, outcome) and its settlement to the completer. The renewer and the producer read
 what the runner holds; the worker drains it at shutdown.
 
-Called by the producer (`accept`), the renewer (`held`, `lose`) and the worker (`drain`).
+A prefetched member of a batch that is cancelled before it starts is not run: the worker
+hands it to the database, which cancels it if its batch is cancelled (`batch_cancelled`).
+
+Called by the producer (`accept`), the renewer (`held`, `lose`), the notifier
+(`batch_cancelled`, `recheck_batches`) and the worker (`drain`).
 """
 
 from __future__ import annotations
@@ -15,13 +19,14 @@ import logging
 import math
 import uuid
 from collections import Counter, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from ulid import ULID
 
 from venturi import _current, logs
 from venturi._completer import Completer
+from venturi._db.failures import describe, is_database_failure
 from venturi._executor import Policy, Registration, execute
 from venturi._hooks import HookSet
 from venturi._records import ClaimedJob, Settlement
@@ -35,6 +40,9 @@ LEASE_MARGIN_MAX = 5.0
 lease, if less) before the lease ends, so it has stopped before any other worker can take it."""
 RENEW_FRACTION = 1 / 3
 """Leases are renewed after this fraction of their length: two renewals can fail in a row."""
+CANCELLED_BATCH_MEMORY = 600.0
+"""Seconds a cancelled batch is remembered, for its members whose claim's reply arrives
+after the cancellation's notice (a claim that committed before the cancellation)."""
 ABANDON_AFTER = 1.0
 """Seconds a handler gets to stop once its task is cancelled at shutdown; one that ignores
 the cancellation is then abandoned (its job released) so that shutdown ends."""
@@ -116,6 +124,12 @@ class Runner:
         waits (inf: it waits for a job), -inf while it is not waiting (it looks before it
         waits). A job taken on wakes it only if the job's renewal is due sooner, so the
         usual claim, whose leases are due after those held already, wakes nothing."""
+        self.skipping: list[Held] = []
+        """Prefetched members of a cancelled batch, held back while the database cancels
+        them (`batch_skip_held`); the ones whose batch still runs go back to the buffer."""
+        self._cancelled_batches: dict[uuid.UUID, float] = {}
+        """Batches cancelled lately, with the loop time at which to forget them."""
+        self._skips: set[asyncio.Task[None]] = set()
         self.idle = asyncio.Event()
         """Set while the runner holds no job (nothing running, nothing prefetched)."""
         self.idle.set()
@@ -141,6 +155,9 @@ class Runner:
         for h in self.successors.values():
             if not h.lost:
                 yield h
+        for h in self.skipping:
+            if not h.lost:
+                yield h
 
     async def flushed(self) -> None:
         """Wait until the outcomes of the jobs run so far are written."""
@@ -152,6 +169,7 @@ class Runner:
             *self.running,
             *(h.job.id for h in self.buffer),
             *self.successors,
+            *(h.job.id for h in self.skipping),
             *self._completer.unwritten(),
         ]
 
@@ -180,7 +198,9 @@ class Runner:
             self._completer.settle_nowait(Settlement.of(job, "returned"))
             self._note_if_idle()
             return
-        if job.id in self.running:
+        if job.batch_id is not None and self._batch_cancelled_lately(job.batch_id):
+            self._skip([held])  # its claim committed before the cancellation did
+        elif job.id in self.running:
             # The earlier run lost its lease and was recovered, but its handler has not
             # stopped: this claim waits for it (two runs of one job never overlap here).
             self.successors[job.id] = held
@@ -252,16 +272,83 @@ class Runner:
                     self._completer.settle_nowait(Settlement.of(successor.job, "returned"))
                 else:
                     self.buffer.appendleft(successor)  # it has waited: first in line
-            while self.buffer and not self.stopping and len(self.running) < self.concurrency:
-                nxt = self.buffer.popleft()
-                if not nxt.lost:
-                    self._start(nxt)
+            self._start_buffered()
             self._note_if_idle()
             self.slot_freed.set()
 
+    def _start_buffered(self) -> None:
+        while self.buffer and not self.stopping and len(self.running) < self.concurrency:
+            nxt = self.buffer.popleft()
+            if not nxt.lost:
+                self._start(nxt)
+
     def _note_if_idle(self) -> None:
-        if not self.running and all(h.lost for h in self.buffer):
+        if not self.running and not self.skipping and all(h.lost for h in self.buffer):
             self.idle.set()
+
+    # -- members of cancelled batches --------------------------------------------------
+
+    def batch_cancelled(self, batch_id: uuid.UUID) -> None:
+        """A batch was cancelled (its notice): skip its members held here, not started."""
+        now = asyncio.get_running_loop().time()
+        for known, forget_at in list(self._cancelled_batches.items()):
+            if forget_at <= now:
+                del self._cancelled_batches[known]
+        self._cancelled_batches[batch_id] = now + CANCELLED_BATCH_MEMORY
+        self._skip_members(lambda b: b == batch_id)
+
+    def recheck_batches(self) -> None:
+        """The notices may have been missed (LISTEN reconnected): ask about every batch
+        member held here, not started; the database cancels those whose batch is."""
+        self._skip_members(lambda b: True)
+
+    def _batch_cancelled_lately(self, batch_id: uuid.UUID) -> bool:
+        forget_at = self._cancelled_batches.get(batch_id)
+        return forget_at is not None and forget_at > asyncio.get_running_loop().time()
+
+    def _skip_members(self, of: Callable[[uuid.UUID], bool]) -> None:
+        members = [h for h in self.buffer if h.job.batch_id is not None and of(h.job.batch_id)]
+        if members:
+            for h in members:
+                self.buffer.remove(h)
+            self._skip(members)
+
+    def _skip(self, members: list[Held]) -> None:
+        self.idle.clear()
+        self.skipping.extend(members)
+        task = asyncio.create_task(self._skip_held(members), name="venturi-batch-skip")
+        self._skips.add(task)
+        task.add_done_callback(self._skips.discard)
+
+    async def _skip_held(self, members: list[Held]) -> None:
+        live = [h for h in members if not h.lost]
+        skipped: set[uuid.UUID] = set()
+        try:
+            if live:
+                skipped = await self._completer.store.batches.skip_held(
+                    [h.job.id for h in live], [h.job.claim_token for h in live]
+                )
+        except Exception as exc:  # they run, as members do that started before the cancel
+            if is_database_failure(exc):
+                logger.warning("could not skip members of a cancelled batch: %s", describe(exc))
+            else:
+                logger.exception("could not skip members of a cancelled batch")
+        for h in members:
+            self.skipping.remove(h)
+        for h in reversed(members):
+            if h.job.id in skipped:
+                logger.info(
+                    "job %s (%s): not started: its batch %s was cancelled",
+                    logs.ShownId(h.job.id),
+                    h.job.kind,
+                    logs.ShownId(h.job.batch_id) if h.job.batch_id else "",
+                    extra=logs.job_fields(h.job.id, h.job.kind, h.job.queue, h.job.run_count),
+                )
+            elif not h.lost:
+                self.buffer.appendleft(h)  # they have waited: first in line
+        self._start_buffered()
+        self._note_if_idle()
+        self.slot_freed.set()
 
     def _forget(self, held: Held) -> None:
         """Stop counting a running job (once, whichever of its exit or abandonment is first)."""
@@ -287,6 +374,8 @@ class Runner:
         """Hand back prefetched jobs, ask running ones to wind down, wait up to the grace
         period, abort and release stragglers, and give up on handlers that ignore even that."""
         self.stopping = True
+        if self._skips:  # the members kept come back to the buffer, to be handed back below
+            await asyncio.gather(*self._skips, return_exceptions=True)
         waiting = [*self.successors.values()]
         self.successors.clear()
         while self.buffer:

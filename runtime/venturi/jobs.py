@@ -302,9 +302,10 @@ class BatchStatus:
     @property
     def state(self) -> str:
         """In a word: running, cancelling (cancelled, members still running), succeeded
-        (every member completed), failed (finished with a failure) or cancelled."""
+        (every member completed), failed (finished with a member failed for good: a batch
+        without allow_failures stops at the first, which cancels the rest) or cancelled."""
         if self.finished_at is None:
             return "cancelling" if self.cancelled_at is not None else "running"
-        if self.cancelled_at is not None:
-            return "cancelled"
-        return "failed" if self.failed else "succeeded"
+        if self.failed:
+            return "failed"
+        return "cancelled" if self.cancelled_at is not None else "succeeded"

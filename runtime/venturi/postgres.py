@@ -1034,6 +1034,7 @@ class PostgresStore:
         on_lost: Callable[[], None],
         on_lease: Callable[[str, float], None] | None = None,
         on_queue: Callable[[str, bool], None] | None = None,
+        on_batch: Callable[[uuid.UUID], None] | None = None,
     ) -> AsyncIterator[Listening]:
         """Hold one connection LISTENing on the store's channel.
 
@@ -1052,6 +1053,8 @@ class PostgresStore:
             elif payload.startswith(_QUEUE_NOTICE) and on_queue is not None:
                 _, change, queue = payload.split(" ", 2)
                 on_queue(queue, change == "pause")
+            elif payload.startswith(_BATCH_NOTICE) and on_batch is not None:
+                on_batch(uuid.UUID(payload[len(_BATCH_NOTICE) :]))
 
         async with self.listen_queues(
             [self._prefix], lambda _prefix, kind: on_notify(kind), on_lost, on_control=control
@@ -1611,6 +1614,8 @@ _LEASE_NOTICE = "!lease "
 """Payload prefix of a claim's lease announcement: "!lease <seconds> <queue>"."""
 _QUEUE_NOTICE = "!queue "
 """Payload prefix of a pause or resume: "!queue pause <queue>", "!queue resume <queue>"."""
+_BATCH_NOTICE = "!batch "
+"""Payload prefix of a batch's cancellation (migration 0023): "!batch <id>"."""
 _POOL_ONLY = frozenset({"setup", "init", "max_queries", "max_inactive_connection_lifetime"})
 """Pool arguments that a single connection does not take."""
 

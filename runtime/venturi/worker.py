@@ -396,6 +396,7 @@ class Worker(Generic[AppT]):
             self._on_notify,
             on_lease=rescuer.lease_announced,
             on_queue=self._on_queue,
+            on_batch=runner.batch_cancelled,
             on_connected=self._outage.ok,
         )
         heartbeat = Heartbeat(self.store, self._registry_row(), outage=self._outage)
@@ -555,6 +556,8 @@ class Worker(Generic[AppT]):
             # LISTEN (re)connected: leases announced meanwhile were missed; look again now.
             for queue in self.queues:
                 self._rescuer.lease_announced(queue, 0.0)
+        if not kind and self._runner is not None:
+            self._runner.recheck_batches()  # and so were batches cancelled meanwhile
 
     def _on_queue(self, queue: str, paused: bool) -> None:
         """A queue was paused or resumed (by anyone): if it is one of ours, claim again (a

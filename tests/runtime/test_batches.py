@@ -168,7 +168,7 @@ async def test_first_failure_runs_catch_and_cancels_members_not_started(queue: Q
 
         await until(finally_ran)
     assert status.failed == 1 and status.failed_at is not None
-    assert status.cancelled_at is not None
+    assert status.cancelled_at is not None and status.state == "failed"
     assert status.done + status.failed + status.cancelled == 31
     # Only what the worker held when "bad" failed ran: its 4 slots and what it prefetched.
     assert status.cancelled >= 31 - 1 - 8 and status.done == 31 - 1 - status.cancelled
@@ -262,6 +262,90 @@ async def test_cancel_while_members_run_finishes_when_they_do(queue: Queue) -> N
         await until(finally_ran)
     assert status.done == 12 - skipped and status.cancelled == skipped
     assert skipped <= 8  # the 4 running (and any prefetched) were not skipped
+
+
+def one_slot_worker(
+    store: PostgresStore, log: Log, holds: dict[str, asyncio.Event], fail: str | None = None
+) -> Worker[None]:
+    """One slot, prefetch on (the default): the members named in `holds` wait for their
+    event once started (`fail` then fails for good); the others are done at once, so the
+    worker learns to claim ahead of its slot."""
+
+    async def part(task: Part, ctx: Context[None], app: None) -> Outcome:
+        log.ran.append((task.name, ctx.batch_id))
+        if task.name in holds:
+            await holds[task.name].wait()
+        if task.name == fail:
+            raise TaskError.permanent(f"{task.name} failed")
+        return Outcome.completed()
+
+    worker: Worker[None] = Worker(None, store, concurrency=1)
+    worker.register(Part, part)
+    return worker
+
+
+def prefetched_behind(
+    queue: Queue, batch_id: ULID, log: Log, name: str
+) -> Callable[[], Awaitable[bool]]:
+    """`name` runs, and later members wait claimed (prefetched) behind it."""
+
+    async def check() -> bool:
+        n = await queue.store._pool_or_raise().fetchval(
+            f"SELECT count(*) FROM {queue.store.prefix}_jobs WHERE batch_id = $1 "
+            "AND status = 'claimed'",
+            batch_id.to_uuid(),
+        )
+        return name in [n for n, _ in log.ran] and bool(n >= 2)
+
+    return check
+
+
+def pending_left(queue: Queue, batch_id: ULID, n: int) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        status = await queue.batch_status(batch_id)
+        return status is not None and status.pending == n
+
+    return check
+
+
+async def test_cancel_batch_skips_the_members_a_worker_claimed_ahead(queue: Queue) -> None:
+    """Members prefetched (claimed, not started) when the batch is cancelled never run: the
+    worker hears the cancellation and the database cancels them."""
+    batch_id = await queue.batch("ahead").add(*(Part(f"p{i}") for i in range(40))).enqueue()
+    log = Log()
+    release = asyncio.Event()
+    async with running(one_slot_worker(queue.store, log, {"p5": release})):
+        await until(prefetched_behind(queue, batch_id, log, "p5"))
+        skipped = await queue.cancel_batch(batch_id)
+        await until(pending_left(queue, batch_id, 1))  # p5 alone, still running
+        release.set()
+        status = await finished(queue, batch_id)
+    assert [n for n, _ in log.ran] == [f"p{i}" for i in range(6)]
+    assert (status.done, status.failed, status.cancelled) == (6, 0, 34)
+    assert status.state == "cancelled"
+    assert skipped < 34  # the prefetched ones were claimed, not pending: the worker's part
+    rows = await queue.store._pool_or_raise().fetch(
+        f"SELECT run_count, claim_token FROM {queue.store.prefix}_jobs "
+        "WHERE batch_id = $1 AND status = 'cancelled'",
+        batch_id.to_uuid(),
+    )
+    assert len(rows) == 34
+    assert all(r["run_count"] == 0 and r["claim_token"] is None for r in rows)
+
+
+async def test_a_first_failure_skips_the_members_a_worker_claimed_ahead(queue: Queue) -> None:
+    batch_id = await queue.batch("ahead").add(*(Part(f"p{i}") for i in range(40))).enqueue()
+    log = Log()
+    fail_now, finish_p6 = asyncio.Event(), asyncio.Event()
+    worker = one_slot_worker(queue.store, log, {"p5": fail_now, "p6": finish_p6}, fail="p5")
+    async with running(worker):
+        await until(prefetched_behind(queue, batch_id, log, "p5"))
+        fail_now.set()  # p5 fails for good; p6 takes the slot and holds it
+        await until(pending_left(queue, batch_id, 1))  # p6 alone: the rest were skipped
+        finish_p6.set()
+        status = await finished(queue, batch_id)
+    assert [n for n, _ in log.ran] == [f"p{i}" for i in range(7)]
+    assert (status.done, status.failed, status.cancelled) == (6, 1, 33)
 
 
 async def test_retrying_a_failed_member_recounts_it_and_runs_no_callback_twice(

@@ -1,12 +1,13 @@
 """The batches' statements (`queries/batches.sql`), run on a store's runner: what
-`Queue.batch_status`, `recent_batches`, `cancel_batch` and `prune_batches` call, through
+`Queue.batch_status`, `recent_batches`, `cancel_batch` and `prune_batches` call (and a
+worker skipping the members it holds of a cancelled batch), through
 `PostgresStore.batches`. Inserting a batch is `PostgresStore.insert_batch` (it needs the
 store's insert); counting and the callbacks are the member trigger's (migration 0013)."""
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 import asyncpg
@@ -42,6 +43,14 @@ class Batches:
                 return 0
             skipped: int = await tx.fetchval(self._q["batch_cancel_members"], id=batch_id)
             return skipped
+
+    async def skip_held(
+        self, ids: Sequence[uuid.UUID], tokens: Sequence[uuid.UUID]
+    ) -> set[uuid.UUID]:
+        """Cancel the held, unstarted members `ids` (claimed with `tokens`) whose batch is
+        cancelled; returns the ids cancelled (the others stay claimed: start them)."""
+        rows = await self._run.fetch(self._q["batch_skip_held"], ids=ids, tokens=tokens)
+        return {r["id"] for r in rows}
 
     async def prune(self, finished_before: datetime, batch_size: int) -> int:
         """Delete the batches finished before `finished_before`, `batch_size` per statement

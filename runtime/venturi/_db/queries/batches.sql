@@ -51,6 +51,27 @@ RETURNING finished_at IS NULL AS open;
 -- (which finishes the batch once nothing is left running). Returns how many.
 SELECT {prefix}_batch_cancel_members(:id) AS skipped;
 
+-- batch_skip_held --
+-- Cancel the claimed members a worker holds and has not started (:ids with their claim
+-- :tokens), if their batch is cancelled; returns the ids cancelled. What the worker believes
+-- does not matter: a member of a batch still running is left claimed, and the worker starts
+-- it. The claim is undone as a hand-back undoes it (not counted as a run); the member
+-- trigger counts each one cancelled and journals why, as for the members skipped pending.
+WITH skipped AS (
+    UPDATE {prefix}_jobs AS j SET
+        status = 'cancelled', finished_at = now(), run_count = j.run_count - 1,
+        claim_token = NULL, lease_until = NULL
+    FROM unnest(:ids::uuid[], :tokens::uuid[]) AS u(id, token)
+    WHERE j.id = u.id AND j.claim_token = u.token AND j.status = 'claimed'
+      AND j.batch_callback IS NULL  -- a callback runs when its batch releases it
+      AND EXISTS (SELECT 1 FROM {prefix}_batches AS b
+                  WHERE b.id = j.batch_id AND b.cancelled_at IS NOT NULL)
+    RETURNING j.id, j.awaited
+), finished AS (  -- a Queue.result waiting for one of them is told it ended
+    SELECT pg_notify('{prefix}_results', id::text) FROM skipped WHERE awaited
+)
+SELECT id FROM skipped WHERE (SELECT count(*) FROM finished) >= 0;
+
 -- batch_prune --
 -- Delete one bounded batch of batches finished before :finished_before (their jobs stay,
 -- for the jobs' own retention). Returns how many.
