@@ -533,11 +533,11 @@ class Queue:
         before = datetime.now(UTC) - timedelta(seconds=age)
         return await self.store.batches.prune(before, batch_size)
 
-    async def job(self, job_id: ULID) -> Job | None:
+    async def job(self, job_id: ULID | str) -> Job | None:
         """The stored job, or None if there is no such job (or it was cleaned up)."""
-        return await self.store.get_job(job_id, self.codec)
+        return await self.store.get_job(_ulid(job_id, "job id"), self.codec)
 
-    async def result(self, job_id: ULID, *, timeout: Seconds) -> Any:  # noqa: ASYNC109
+    async def result(self, job_id: ULID | str, *, timeout: Seconds) -> Any:  # noqa: ASYNC109
         """Wait until the job finishes and return its result (`Outcome.completed(result=...)`,
         None if it returned none), without polling: the settle that finishes an awaited job
         notifies (see `PostgresStore.wait_finished`, which holds one pool connection while
@@ -548,6 +548,7 @@ class Queue:
         cancelled (a batch member skipped by its batch's cancellation), and `LookupError` if
         there is no such job (or it was cleaned up).
         """
+        job_id = _ulid(job_id, "job id")
         wait = to_seconds(timeout, name="result(timeout)")
         async with asyncio.timeout(wait):
             job = await self.store.wait_finished(job_id, self.codec)
@@ -614,9 +615,9 @@ class Queue:
             after = rows[-1]["id"]
         return total
 
-    async def job_journal(self, job_id: ULID) -> list[JournalEntry]:
+    async def job_journal(self, job_id: ULID | str) -> list[JournalEntry]:
         """Every journal entry of one job, oldest first."""
-        return await self.store.journal(job_id)
+        return await self.store.journal(_ulid(job_id, "job id"))
 
     async def stats(self) -> Stats:
         """Live counts by kind: pending (eligible), scheduled, claimed, dead, completed, oldest
@@ -654,12 +655,13 @@ class Queue:
             codec=self.codec,
         )
 
-    async def retry(self, job_id: ULID, *, note: str | None = None) -> None:
+    async def retry(self, job_id: ULID | str, *, note: str | None = None) -> None:
         """Put a failed job back in its queue, eligible now, with a fresh failure count (so
         it gets every attempt again); its journal is kept and gains a `retried` entry (its
         note: `note`, say who retried it; "retried by hand" by default), and a worker of its
         queue is woken. A job that is missing or has not failed is a `JobStateError` naming
         its status, and nothing changes."""
+        job_id = _ulid(job_id, "job id")
         before = await self.store.retry_failed(job_id, note=_retry_note(note))
         _expect_dead(job_id, before, "retried")
 
@@ -689,9 +691,10 @@ class Queue:
             )
         return n
 
-    async def forget(self, job_id: ULID) -> None:
+    async def forget(self, job_id: ULID | str) -> None:
         """Delete one failed job and its journal. A job that is missing or has not failed is a
         `JobStateError` naming its status, and nothing is deleted."""
+        job_id = _ulid(job_id, "job id")
         _expect_dead(job_id, await self.store.forget_failed(job_id), "forgotten")
 
     async def flush(
@@ -941,11 +944,16 @@ def _optional_column(values: Sequence[str | None]) -> list[str | None] | None:
 
 def _batch_key(batch_id: ULID | str) -> uuid.UUID:
     """A batch id as the store keys it; a string must be a ULID (as `enqueue` returned)."""
-    if isinstance(batch_id, ULID):
-        return batch_id.to_uuid()
-    if isinstance(batch_id, str):
+    return _ulid(batch_id, "batch id").to_uuid()
+
+
+def _ulid(value: ULID | str, what: str) -> ULID:
+    """A job's or batch's id, given as a ULID or its string (as the CLI and logs show it)."""
+    if isinstance(value, ULID):
+        return value
+    if isinstance(value, str):
         try:
-            return ULID.from_str(batch_id).to_uuid()
+            return ULID.from_str(value)
         except ValueError:
-            raise ValueError(f"batch id: expected a ULID, got {batch_id!r:.80}") from None
-    raise TypeError(f"batch id: expected a ULID or its string, got {batch_id!r:.80}")
+            raise ValueError(f"{what}: expected a ULID, got {value!r:.80}") from None
+    raise TypeError(f"{what}: expected a ULID or its string, got {value!r:.80}")

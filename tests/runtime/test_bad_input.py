@@ -748,3 +748,22 @@ async def test_a_schema_from_another_release_is_refused(store: PostgresStore) ->
     await store._pool.execute(f"DELETE FROM {store.prefix}_migrations WHERE version IN (3, 999)")
     with pytest.raises(SchemaError, match=r"lacks migrations \[3\]: run `venturi migrate`"):
         await store.check_schema()
+
+
+async def test_a_job_id_may_be_given_as_its_string_and_a_bad_one_is_named(queue: Queue) -> None:
+    job_id = await queue.enqueue(Order(order_id=7))
+    job = await queue.job(str(job_id))  # as `venturi jobs` and the logs show it
+    assert job is not None and job.id == job_id
+    assert [e.outcome for e in await queue.job_journal(str(job_id))] == []
+    for call in (
+        lambda: queue.job("01-not-a-ulid"),
+        lambda: queue.job_journal("01-not-a-ulid"),
+        lambda: queue.retry("01-not-a-ulid"),
+        lambda: queue.forget("01-not-a-ulid"),
+        lambda: queue.result("01-not-a-ulid", timeout=1),
+    ):
+        with pytest.raises(ValueError, match="job id: expected a ULID, got '01-not-a-ulid'"):
+            await call()
+    with pytest.raises(TypeError, match="job id: expected a ULID or its string, got 7"):
+        await queue.job(7)  # type: ignore[arg-type]
+    assert (await queue.stats()).pending == 1  # nothing changed
