@@ -15,6 +15,12 @@ earlier. Each look reads the next expiry of every lease claimed until then, whic
 lets a later lease go unannounced. No query runs while nothing is claimed, beyond one per
 `poll_max`.
 
+It never recovers a job its own worker still holds (running, prefetched, or finished with its
+outcome not yet written): after an outage longer than a lease, the worker writes what it
+holds as soon as the database is back, and its own rescuer must not get there first and
+count a finished job as failed. (Another worker's rescuer may: an expired lease is the
+signal it acts on.)
+
 Started by the worker; calls `PostgresStore.next_lease_expiry` and `recover_stale`.
 """
 
@@ -25,7 +31,7 @@ import contextlib
 import logging
 import math
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 from venturi import logs
 from venturi._db.failures import is_database_failure
@@ -42,6 +48,9 @@ from venturi.postgres import DEFAULT_HOOK_LEASE_S, PostgresStore
 
 logger = logging.getLogger(__name__)
 
+OWN_HELD_WAIT = 0.5
+"""Seconds before looking again when every expired lease is one this worker holds (its
+outcomes are being written, or its renewals are about to extend them)."""
 LAST_ATTEMPT = "the worker stopped during the last attempt"
 """How a job whose worker died during its last attempt fails for good."""
 EXPIRY_SLACK = 0.05
@@ -78,8 +87,11 @@ class Rescuer:
         hooks: HookSet,
         outage: Outage | None = None,
         hook_lease_s: float = DEFAULT_HOOK_LEASE_S,
+        held: Callable[[], Collection[uuid.UUID]] = frozenset,
         on_dead: Callable[[Recovered], None] | None = None,
     ):
+        self._held = held
+        """The ids of the jobs this rescuer's worker holds, never recovered here."""
         self._hooks = hooks
         self._hook_lease_s = hook_lease_s
         self._on_dead = on_dead
@@ -140,8 +152,17 @@ class Rescuer:
                 return self._poll_max
             if until > 0:
                 return min(until + EXPIRY_SLACK, self._poll_max)
+            own_held = 0
+
+            def decide(stale: list[StaleJob]) -> list[Recovery]:
+                nonlocal own_held
+                held = set(self._held())
+                others = [job for job in stale if job.id not in held]
+                own_held = len(stale) - len(others)
+                return decide_recoveries(others, self._policy)
+
             recovered = await self._store.recover_stale(
-                lambda stale: decide_recoveries(stale, self._policy),
+                decide,
                 queues=self._queues,
                 worker=self._worker,
                 hook_lease_s=self._hook_lease_s,
@@ -161,5 +182,7 @@ class Rescuer:
                     if r.status is JobStatus.DEAD:
                         self._hooks.dead(Dead(r.id, r.kind, r.queue, r.run, r.note))
             if not recovered:
+                if own_held:  # ours: the worker writes or renews them
+                    return min(OWN_HELD_WAIT, self._poll_max)
                 # Expired but locked by another rescuer right now: look again shortly.
                 return min(EXPIRY_SLACK * 2, self._poll_max)

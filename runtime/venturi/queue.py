@@ -947,10 +947,13 @@ def _batch_key(batch_id: ULID | str) -> uuid.UUID:
     return _ulid(batch_id, "batch id").to_uuid()
 
 
-def _ulid(value: ULID | str, what: str) -> ULID:
-    """A job's or batch's id, given as a ULID or its string (as the CLI and logs show it)."""
+def _ulid(value: ULID | str | uuid.UUID, what: str) -> ULID:
+    """A job's or batch's id, given as a ULID, its string (as the CLI and logs show it) or
+    the UUID the database stores."""
     if isinstance(value, ULID):
         return value
+    if isinstance(value, uuid.UUID):
+        return ULID.from_uuid(value)
     if isinstance(value, str):
         try:
             return ULID.from_str(value)

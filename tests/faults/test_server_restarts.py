@@ -115,3 +115,57 @@ async def test_restart_under_load(
         if outcomes.get((r.job, r.run)) != "completed"
     ]
     assert unwritten == [], (halted, back, unwritten)
+
+
+LEASE = 3.0
+LONG_OUTAGE = 6.0
+"""Seconds down: twice the lease, so every lease held through the outage has expired."""
+
+
+@pytest.mark.slow
+async def test_an_outage_longer_than_the_lease_keeps_what_the_worker_finished(
+    restartable_pg: EmbeddedPostgres, tmp_path: Path
+) -> None:
+    """Jobs that end while the database is down, their leases expiring before it is back:
+    the worker writes their outcomes then, and its own rescuer does not recover them first
+    (which counted each as failed, and with one attempt, made it dead)."""
+    pg = restartable_pg
+    prefix = f"r{next(_prefixes)}_{uuid.uuid4().hex[:8]}"
+    async with await PostgresStore.connect(pg.dsn, prefix=prefix) as store:
+        await store.migrate()
+        await Queue(store).enqueue_many(Work(i, 1000) for i in range(4))
+
+    async with fleet(
+        pg.dsn, prefix, tmp_path, ["--concurrency", "4", "--lease", str(LEASE)]
+    ) as workers:
+        await workers.start()
+
+        async def all_started() -> bool:
+            return len(read_runs(tmp_path)) == 4
+
+        await wait_until(all_started, 30, "the four jobs running")
+        await asyncio.to_thread(pg.halt, "fast")
+        await asyncio.sleep(LONG_OUTAGE)  # the outage itself, not a synchronization
+        await asyncio.to_thread(pg.launch)
+
+        async def settled() -> bool:
+            n: int = await fetchval(
+                pg.dsn,
+                f"SELECT count(*) FROM {prefix}_jobs WHERE status IN ('completed', 'dead') "
+                "OR (status = 'pending' AND failures > 0)",
+            )
+            return n == 4
+
+        await wait_until(settled, 60, "the four jobs settled after the outage")
+        assert await workers.stop() == [0]
+
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        jobs = await conn.fetch(f"SELECT id, status, run_count, failures FROM {prefix}_jobs")
+        journal = await journals(conn, prefix)  # type: ignore[arg-type]
+    finally:
+        await conn.close()
+    runs = read_runs(tmp_path)
+    assert len(runs) == 4 and all(r.end is not None for r in runs)  # each ran once, to its end
+    assert [(j["status"], j["run_count"], j["failures"]) for j in jobs] == [("completed", 1, 0)] * 4
+    assert all([e["outcome"] for e in es] == ["completed"] for es in journal.values())

@@ -121,6 +121,6 @@ class Maintainer:
                         term,
                         service.interval,
                     )
-            else:
-                self._outage.ok()
+            # (A service's success says nothing of the database: it may not touch it. The
+            # loops that do end the outage.)
             await asyncio.sleep(service.interval)
