@@ -45,6 +45,10 @@ from venturi.postgres import PostgresStore
 
 logger = logging.getLogger("venturi.worker")
 
+REPORTERS_SHARE = 0.2
+REPORTERS_SHARE_MAX = 10.0
+"""Of a failure step's time, the part kept for the reporters: a fifth, at most 10 s."""
+
 Reporter = Callable[[BaseException, FailedJob], Awaitable[None] | None]
 """`reporter(error, job)`: told of every job that fails for good (sync or async)."""
 
@@ -105,6 +109,12 @@ class Undertaker:
     def _timeout(self) -> float:
         """Seconds a step may take: it must end before its lease does."""
         return self._lease_s - min(self._lease_s * 0.1, 5.0)
+
+    @property
+    def _reporters_share(self) -> float:
+        """Seconds of the step kept for the reporters: a hook that runs out of time is cut
+        short without taking the reporters' turn (the error tracker still hears of it)."""
+        return min(self._timeout * REPORTERS_SHARE, REPORTERS_SHARE_MAX) if self._reporters else 0.0
 
     def bury(self, job_id: uuid.UUID, token: uuid.UUID, error: BaseException | None) -> None:
         """This worker made a job dead and the write committed: run its failure step."""
@@ -219,21 +229,34 @@ class Undertaker:
             )
         cancellation = Cancellation()
         async with self._slots:
-            try:
-                async with asyncio.timeout(self._timeout):
-                    with logs.bound(fields):
+            end = asyncio.get_running_loop().time() + self._timeout
+            hook_time = self._timeout - self._reporters_share
+            with logs.bound(fields):
+                try:
+                    async with asyncio.timeout_at(end - self._reporters_share):
                         await self._hook(hook, job_id, error, cancellation)
+                except TimeoutError:
+                    cancellation.request(CancelReason.TIMEOUT)
+                    logger.error(
+                        "job %s (%s): its failure hook took longer than %.1fs; cut short%s",
+                        logs.ShownId(hook.id),
+                        hook.kind,
+                        hook_time,
+                        ", the reporters run" if self._reporters else "",
+                        extra=fields,
+                    )
+                try:
+                    async with asyncio.timeout_at(end):
                         await self._report(hook, job_id, error)
-            except TimeoutError:
-                cancellation.request(CancelReason.TIMEOUT)
-                logger.error(
-                    "job %s (%s): its failure hook and reporters took longer than %.0fs (the "
-                    "lease of the step); cut short",
-                    logs.ShownId(hook.id),
-                    hook.kind,
-                    self._timeout,
-                    extra=fields,
-                )
+                except TimeoutError:
+                    logger.error(
+                        "job %s (%s): its failure hook and reporters took longer than %.1fs "
+                        "(the lease of the step); the reporters were cut short",
+                        logs.ShownId(hook.id),
+                        hook.kind,
+                        self._timeout,
+                        extra=fields,
+                    )
             await self._finish(hook)
         self.ran += 1
 

@@ -324,3 +324,36 @@ async def test_a_job_whose_worker_died_during_its_last_attempt_fails_and_its_hoo
     assert isinstance(error, JobFailed) and str(error) == job.last_error
     journal = await queue.job_journal(job_id)
     assert [e.outcome for e in journal] == ["stale_recovered"]
+
+
+async def test_a_hook_that_runs_out_of_time_leaves_the_reporters_their_turn(
+    store: PostgresStore, queue: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The step's time (a little under the lease) is shared: a hook that hangs is cut short
+    where the reporters' part begins, and they still hear of the job."""
+    app = Hooked()
+
+    @dataclass
+    class Hangs(Task):
+        KIND = "hangs"
+
+        async def failed(self, error: BaseException, ctx: Context[None], app: Hooked) -> None:
+            app.add("hook", self, error)
+            await asyncio.Event().wait()  # until cut short
+
+    async def refuse(task: Hangs, ctx: Context[None], app: Hooked) -> None:
+        raise TaskError.permanent("no")
+
+    worker = Worker(app, store, lease=2, reporters=reporters(app))
+    worker.register(Hangs, refuse)
+    with caplog.at_level(logging.ERROR, logger="venturi"):
+        async with running(worker):
+            await queue.enqueue(Hangs())
+            await app.count(3)
+            await no_pending_step(store)
+    assert [c[0] for c in app.calls] == ["hook", "sync", "async"]
+    messages = [r.getMessage() for r in caplog.records]
+    assert any(
+        "its failure hook took longer than 1.4s; cut short, the reporters run" in m
+        for m in messages
+    ), messages
