@@ -479,9 +479,17 @@ async def _failed(args: argparse.Namespace, queue: Queue) -> None:
         elif args.action in ("retry", "forget"):
             ids = [_ulid(text) for text in args.job_ids]  # all checked before any is changed
             act = queue.retry if args.action == "retry" else queue.forget
-            for job_id in ids:
-                await act(job_id)
             done = "retried" if args.action == "retry" else "forgotten"
+            for n, job_id in enumerate(ids):
+                try:
+                    await act(job_id)
+                except JobStateError as exc:  # say what was changed before it, and what not
+                    before = ", ".join(map(str, ids[:n])) or "none"
+                    after = ", ".join(map(str, ids[n + 1 :])) or "none"
+                    raise UsageError(
+                        f"failed {args.action}: {exc} ({done} before it: {before}; not tried: "
+                        f"{after})"
+                    ) from None
             _out(args, {done: [str(i) for i in ids]}, f"{done} {len(ids)} failed jobs")
         elif args.action == "retry-all":
             n = await queue.retry_all(queue=args.queue, kind=args.kind)

@@ -249,6 +249,9 @@ class JobFilter:
     """Keyset pagination: pass the last id of the previous page."""
     limit: int = 100
 
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", _status(self.status, "JobFilter.status"))
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class CleanupCriteria:
@@ -258,6 +261,22 @@ class CleanupCriteria:
     kind: str | None = None
     status: JobStatus | None = None
     """COMPLETED or DEAD; None deletes both. Pending and claimed jobs are never deleted."""
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "status", _status(self.status, "CleanupCriteria.status"))
+
+
+def _status(value: object, what: str) -> JobStatus | None:
+    """A status given as a JobStatus or its value ("dead"); anything else is refused."""
+    if value is None or isinstance(value, JobStatus):
+        return value
+    if isinstance(value, str):
+        try:
+            return JobStatus(value)
+        except ValueError:
+            pass
+    names = ", ".join(s.value for s in JobStatus)
+    raise ValueError(f"{what}: expected a JobStatus or one of {names}, got {value!r:.80}")
 
 
 @dataclass(frozen=True, slots=True)

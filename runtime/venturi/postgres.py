@@ -374,6 +374,11 @@ class PostgresStore:
         return self._prefix
 
     @property
+    def bound(self) -> bool:
+        """True for a store made by `using()`: it runs on the caller's connection."""
+        return self._conn is not None
+
+    @property
     def registry(self) -> Registry:
         """The worker registry's statements (`_db/registry.py`), on this store's runner."""
         return Registry(self._run, self._q)

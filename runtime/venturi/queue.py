@@ -570,6 +570,7 @@ class Queue:
     async def jobs(self, filter: JobFilter | None = None) -> list[Job]:
         """Jobs matching `filter` (all by default), newest first, at most `filter.limit`."""
         f = filter or JobFilter()
+        _kind_filter(f.kind)
         if not 1 <= f.limit <= 10_000:
             raise ValueError(f"JobFilter.limit: expected 1..10000, got {f.limit}")
         return await self.store.list_jobs(f, self.codec)
@@ -587,6 +588,7 @@ class Queue:
             )
         if criteria.finished_before.tzinfo is None:
             raise ValueError("CleanupCriteria.finished_before must be timezone-aware")
+        _kind_filter(criteria.kind)
         return await self.store.cleanup(criteria)
 
     async def rekey(self, *, batch_size: int = 500) -> int:

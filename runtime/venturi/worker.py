@@ -159,6 +159,12 @@ class Worker(Generic[AppT]):
         unknown_kinds: UnknownKinds = "wait",
         schedules: Sequence[Schedule] = (),
     ) -> None:
+        if store.bound:
+            raise TypeError(
+                "Worker: needs a store of its own (PostgresStore.connect or from_pool), not one "
+                "bound to the caller's connection by using(): a worker runs several statements "
+                "at once and LISTENs"
+            )
         if concurrency is None:
             concurrency = default_concurrency()
         served = _queues(queue, queues)

@@ -15,9 +15,11 @@ from ulid import ULID
 from venturi import (
     AttachmentTooLarge,
     Backoff,
+    CleanupCriteria,
     Context,
     DedupKey,
     DuplicateKindError,
+    JobFilter,
     JobStatus,
     Outcome,
     PanicPolicy,
@@ -766,4 +768,30 @@ async def test_a_job_id_may_be_given_as_its_string_and_a_bad_one_is_named(queue:
             await call()
     with pytest.raises(TypeError, match="job id: expected a ULID or its string, got 7"):
         await queue.job(7)  # type: ignore[arg-type]
+    assert (await queue.stats()).pending == 1  # nothing changed
+
+
+async def test_a_worker_refuses_a_store_bound_to_the_callers_connection(
+    store: PostgresStore,
+) -> None:
+    async with store._pool_or_raise().acquire() as conn:
+        with pytest.raises(TypeError, match="Worker: needs a store of its own"):
+            Worker(None, store.using(conn))
+
+
+async def test_filters_take_a_status_by_its_name_and_refuse_unknown_ones_and_kinds(
+    queue: Queue,
+) -> None:
+    job_id = await queue.enqueue(Order(order_id=3))
+    assert JobFilter(status="pending").status is JobStatus.PENDING  # type: ignore[arg-type]
+    listed = await queue.jobs(JobFilter(status="pending"))  # type: ignore[arg-type]
+    assert [j.id for j in listed] == [job_id]
+    with pytest.raises(ValueError, match=r"JobFilter\.status: expected a JobStatus or one of pend"):
+        JobFilter(status="done")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"CleanupCriteria\.status: expected a JobStatus"):
+        CleanupCriteria(finished_before=datetime.now(UTC), status="gone")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="kind: invalid KIND 'send email'"):
+        await queue.jobs(JobFilter(kind="send email"))
+    with pytest.raises(ValueError, match="kind: invalid KIND 'send email'"):
+        await queue.cleanup(CleanupCriteria(finished_before=datetime.now(UTC), kind="send email"))
     assert (await queue.stats()).pending == 1  # nothing changed

@@ -258,7 +258,7 @@ async def test_failed_commands(store: PostgresStore, queue: Queue, pg_dsn: str) 
     assert bad.returncode == 2
     assert bad.stderr.strip() == (
         f"venturi: failed retry: job {a} is pending, not failed: only failed (dead) jobs can be "
-        f"retried"
+        f"retried (retried before it: none; not tried: none)"
     )
     bad = venturi("failed", "retry-all", "--queue", "a b", dsn=pg_dsn, prefix=prefix)
     assert bad.returncode == 2 and "invalid queue name 'a b'" in bad.stderr
@@ -271,6 +271,25 @@ async def test_failed_commands(store: PostgresStore, queue: Queue, pg_dsn: str) 
     assert cli("flush", "--older-than", "1h").strip() == "deleted 0 failed jobs"
     assert cli("flush").strip() == "deleted 3 failed jobs"
     assert cli("list").strip() == "no failed jobs"
+
+
+async def test_failed_retry_of_several_says_what_it_changed_before_a_refusal(
+    store: PostgresStore, queue: Queue, pg_dsn: str
+) -> None:
+    a, c = await fail(store, Ship(11), Ship(13))
+    b = await queue.enqueue(Ship(12))  # pending: not failed
+    run = venturi("failed", "retry", str(a), str(b), str(c), dsn=pg_dsn, prefix=store.prefix)
+    assert run.returncode == 2
+    assert run.stderr.strip() == (
+        f"venturi: failed retry: job {b} is pending, not failed: only failed (dead) jobs can be "
+        f"retried (retried before it: {a}; not tried: {c})"
+    )
+    statuses = [(await queue.job(i)) for i in (a, b, c)]
+    assert [j.status if j else None for j in statuses] == [
+        JobStatus.PENDING,
+        JobStatus.PENDING,
+        JobStatus.DEAD,
+    ]
 
 
 async def test_retry_and_retry_all_journal_the_note_given_and_retry_all_stops_at_limit(
