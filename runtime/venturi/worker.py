@@ -159,7 +159,7 @@ class Worker(Generic[AppT]):
         unknown_kinds: UnknownKinds = "wait",
         schedules: Sequence[Schedule] = (),
     ) -> None:
-        if store.bound:
+        if isinstance(store, PostgresStore) and store.bound:
             raise TypeError(
                 "Worker: needs a store of its own (PostgresStore.connect or from_pool), not one "
                 "bound to the caller's connection by using(): a worker runs several statements "

@@ -11,7 +11,7 @@ import time
 from typing import Any
 from urllib.parse import urlsplit
 
-from tests.runtime.helpers import running, until_status
+from tests.runtime.helpers import running, until, until_status
 from venturi import Context, JobStatus, JournalOutcome, Outcome, PostgresStore, Queue, Worker
 
 from .harness import FIGURES
@@ -104,3 +104,49 @@ async def test_a_claim_reply_that_arrives_after_the_lease_is_never_run(
     assert runs == [("other", 2)]
     outcomes = [e.outcome for e in await Queue(store).job_journal(job_id)]
     assert outcomes == [JournalOutcome.STALE_RECOVERED, JournalOutcome.COMPLETED]
+
+
+async def test_members_whose_claim_reply_arrives_after_their_batch_was_cancelled_never_run(
+    pg_dsn: str, store: PostgresStore, prefix: str
+) -> None:
+    """A claim commits, then the batch is cancelled (its members are claimed, not pending, so
+    the cancellation leaves them to the worker), and the claim's reply reaches the worker
+    only after the cancellation's notice: the worker must not start them."""
+    url = urlsplit(pg_dsn)
+    proxy = LossyProxy(url.hostname or "127.0.0.1", url.port or 5432)
+    port = await proxy.start()
+    queue = Queue(store)
+    runs: list[int] = []
+    try:
+        batch_id = await queue.batch("late").add(*(Work(i, 1) for i in range(3))).enqueue()
+
+        async def handle(task: Work, ctx: Context[None], app: None) -> Outcome:
+            runs.append(task.n)
+            return Outcome.completed()
+
+        async def claimed() -> bool:
+            n = await store._pool_or_raise().fetchval(
+                f"SELECT count(*) FROM {prefix}_jobs WHERE status = 'claimed'"
+            )
+            return bool(n == 3)
+
+        via_proxy = pg_dsn.replace(f":{url.port}/", f":{port}/")
+        async with await PostgresStore.connect(via_proxy, prefix=prefix) as late:
+            worker = Worker(None, late, concurrency=4, lease=60)
+            worker.register(Work, handle)
+            proxy.arm(claim_by(worker), hold=2.0)
+            async with running(worker):
+                await until(claimed)  # committed; its reply is held back
+                assert await queue.cancel_batch(batch_id) == 0  # nothing pending to skip
+                await asyncio.wait_for(proxy.fired.wait(), 30)  # the reply went through
+
+                async def finished() -> bool:
+                    status = await queue.batch_status(batch_id)
+                    return status is not None and status.finished
+
+                await until(finished)
+    finally:
+        await proxy.close()
+    status = await queue.batch_status(batch_id)
+    assert status is not None and (status.done, status.cancelled) == (0, 3)
+    assert runs == []
