@@ -861,17 +861,21 @@ def _schedule_json(s: ScheduleInfo) -> dict[str, Any]:
 def _schedules_text(found: list[ScheduleInfo]) -> str:
     if not found:
         return "no schedules (a worker records its schedules when it starts)"
-    rows = [("NAME", "SPEC", "KIND", "NEXT RUN (UTC)", "LAST TICK", "ENQUEUED", "SKIPPED")]
+    rows = [
+        ("NAME", "SPEC", "KIND", "NEXT RUN (UTC)", "LAST TICK", "ENQUEUED", "SKIPPED", "SEEN BY")
+    ]
     for s in found:
+        ticked = s.enqueued or s.skipped  # before its first tick, last_tick is its start
         rows.append(
             (
                 s.name,
                 s.spec,
                 s.kind or "-",
                 f"{s.next_tick:%Y-%m-%d %H:%M:%S}",
-                f"{s.last_tick:%Y-%m-%d %H:%M:%S}",
+                f"{s.last_tick:%Y-%m-%d %H:%M:%S}" if ticked else "-",
                 str(s.enqueued),
                 str(s.skipped),
+                s.seen_by or "-",
             )
         )
     return _table(rows)

@@ -215,8 +215,11 @@ class ScheduleInfo:
     name: str
     spec: str
     kind: str
-    """The KIND of its task (of the last worker that declared it)."""
+    """The KIND of its task (of the last worker that declared it); '' for a schedule whose
+    task is a function, until its first tick."""
     last_tick: datetime
+    """The last tick it passed (enqueued or skipped); before its first, when it was first
+    recorded (its ticks count from there)."""
     next_tick: datetime
     last_job: ULID | None
     enqueued: int

@@ -275,3 +275,15 @@ async def test_venturi_schedules_lists_the_next_run(store: PostgresStore, pg_dsn
     next_run = datetime.fromisoformat(row["next_tick"]).astimezone(RIGA)
     assert (next_run.hour, next_run.minute) == (3, 0)
     assert next_run - datetime.now(RIGA) <= timedelta(days=1)
+    text = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "venturi", "schedules", "--dsn", pg_dsn, "--prefix", store.prefix],
+        capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    header, line = text.stdout.splitlines()
+    assert header.split() == [
+        "NAME", "SPEC", "KIND", "NEXT", "RUN", "(UTC)", "LAST", "TICK", "ENQUEUED", "SKIPPED",
+        "SEEN", "BY",
+    ]  # fmt: skip
+    # No tick has run yet: no last tick to show; the worker that declared it saw it.
+    assert line.split()[-4:] == ["-", "0", "0", str(worker.identity)]
