@@ -163,6 +163,12 @@ class Runner:
         """Wait until the outcomes of the jobs run so far are written."""
         await self._completer.flushed()
 
+    def owned_ids(self) -> list[uuid.UUID]:
+        """Ids of the jobs this worker holds and has not lost (running, prefetched, waiting),
+        and of those whose outcome it has still to write: its rescuer leaves them alone. A
+        lost one (its lease not renewed in time) is left to recovery, as any other."""
+        return [*(h.job.id for h in self.held()), *self._completer.unwritten()]
+
     def held_ids(self) -> list[uuid.UUID]:
         """Ids of every job the database should show as claimed by this worker."""
         return [
@@ -198,12 +204,12 @@ class Runner:
             self._completer.settle_nowait(Settlement.of(job, "returned"))
             self._note_if_idle()
             return
-        if job.batch_id is not None and self._batch_cancelled_lately(job.batch_id):
-            self._skip([held])  # its claim committed before the cancellation did
-        elif job.id in self.running:
+        if job.id in self.running:
             # The earlier run lost its lease and was recovered, but its handler has not
             # stopped: this claim waits for it (two runs of one job never overlap here).
             self.successors[job.id] = held
+        elif job.batch_id is not None and self._batch_cancelled_lately(job.batch_id):
+            self._skip([held])  # its claim committed before the cancellation did
         elif len(self.running) < self.concurrency and not self.buffer:
             self._start(held)
         else:
@@ -314,6 +320,11 @@ class Runner:
             self._skip(members)
 
     def _skip(self, members: list[Held]) -> None:
+        if self.stopping:  # drain() hands back what is not started
+            for h in members:
+                if not h.lost:
+                    self._completer.settle_nowait(Settlement.of(h.job, "returned"))
+            return
         self.idle.clear()
         self.skipping.extend(members)
         task = asyncio.create_task(self._skip_held(members), name="venturi-batch-skip")
@@ -323,12 +334,19 @@ class Runner:
     async def _skip_held(self, members: list[Held]) -> None:
         live = [h for h in members if not h.lost]
         skipped: set[uuid.UUID] = set()
+        failed = False
         try:
             if live:
                 skipped = await self._completer.store.batches.skip_held(
-                    [h.job.id for h in live], [h.job.claim_token for h in live]
+                    [h.job.id for h in live],
+                    [h.job.claim_token for h in live],
+                    [h.job.batch_id for h in live if h.job.batch_id is not None],
                 )
-        except Exception as exc:  # they run, as members do that started before the cancel
+        except Exception as exc:
+            # It may have committed with its reply lost: hand them back unrun (a hand-back
+            # of a member it cancelled is dropped by its claim token); a claim takes the
+            # others again, and asks again.
+            failed = True
             if is_database_failure(exc):
                 logger.warning("could not skip members of a cancelled batch: %s", describe(exc))
             else:
@@ -336,7 +354,10 @@ class Runner:
         for h in members:
             self.skipping.remove(h)
         for h in reversed(members):
-            if h.job.id in skipped:
+            if failed or (self.stopping and h.job.id not in skipped):
+                if not h.lost:
+                    self._completer.settle_nowait(Settlement.of(h.job, "returned"))
+            elif h.job.id in skipped:
                 logger.info(
                     "job %s (%s): not started: its batch %s was cancelled",
                     logs.ShownId(h.job.id),
@@ -374,7 +395,7 @@ class Runner:
         """Hand back prefetched jobs, ask running ones to wind down, wait up to the grace
         period, abort and release stragglers, and give up on handlers that ignore even that."""
         self.stopping = True
-        if self._skips:  # the members kept come back to the buffer, to be handed back below
+        while self._skips:  # (no new one starts now: `_skip` hands members back)
             await asyncio.gather(*self._skips, return_exceptions=True)
         waiting = [*self.successors.values()]
         self.successors.clear()

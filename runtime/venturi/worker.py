@@ -391,7 +391,7 @@ class Worker(Generic[AppT]):
             hooks=self.hooks,
             outage=self._outage,
             hook_lease_s=self.lease,
-            held=runner.held_ids,
+            held=runner.owned_ids,
             on_dead=lambda r: (
                 undertaker.bury(r.id.to_uuid(), r.hook_token, None)
                 if r.hook_token is not None

@@ -20,6 +20,7 @@ from venturi import (
     BatchStatus,
     Context,
     DedupKey,
+    JobStatus,
     JournalOutcome,
     Outcome,
     PostgresStore,
@@ -30,7 +31,7 @@ from venturi import (
 )
 from venturi.testing import Jobs, WorkerFactory
 
-from .helpers import running, until
+from .helpers import running, until, until_status
 
 
 @dataclass
@@ -346,6 +347,33 @@ async def test_a_first_failure_skips_the_members_a_worker_claimed_ahead(queue: Q
         status = await finished(queue, batch_id)
     assert [n for n, _ in log.ran] == [f"p{i}" for i in range(7)]
     assert (status.done, status.failed, status.cancelled) == (6, 1, 33)
+
+
+async def test_a_member_retried_after_its_batch_stopped_runs_on_a_worker_that_heard_the_stop(
+    queue: Queue,
+) -> None:
+    """The worker remembers the batch's cancellation (for members whose claim's reply comes
+    late), but a member retried since is claimed after it, and runs."""
+    batch_id = await queue.batch("again").add(Part("bad"), Part("p1")).enqueue()
+    failing = {"bad"}
+    ran: list[str] = []
+
+    async def part(task: Part, ctx: Context[None], app: None) -> Outcome:
+        ran.append(task.name)
+        if task.name in failing:
+            raise TaskError.permanent(f"{task.name} failed")
+        return Outcome.completed()
+
+    worker: Worker[None] = Worker(None, queue.store, concurrency=1)
+    worker.register(Part, part)
+    async with running(worker):
+        status = await finished(queue, batch_id)
+        assert status.state == "failed"
+        (bad,) = await queue.failed()
+        failing.clear()
+        await queue.retry(bad.id)
+        await until_status(queue, bad.id, JobStatus.COMPLETED)
+    assert ran.count("bad") == 2
 
 
 async def test_retrying_a_failed_member_recounts_it_and_runs_no_callback_twice(

@@ -45,11 +45,21 @@ class Batches:
             return skipped
 
     async def skip_held(
-        self, ids: Sequence[uuid.UUID], tokens: Sequence[uuid.UUID]
+        self,
+        ids: Sequence[uuid.UUID],
+        tokens: Sequence[uuid.UUID],
+        batch_ids: Sequence[uuid.UUID],
     ) -> set[uuid.UUID]:
-        """Cancel the held, unstarted members `ids` (claimed with `tokens`) whose batch is
-        cancelled; returns the ids cancelled (the others stay claimed: start them)."""
-        rows = await self._run.fetch(self._q["batch_skip_held"], ids=ids, tokens=tokens)
+        """Cancel the held, unstarted members `ids` (claimed with `tokens`, of the batches
+        `batch_ids`) whose batch was cancelled after their claim; returns the ids cancelled
+        (the others stay claimed: start them)."""
+        batches = sorted(set(batch_ids))
+        if len(batches) < 2:
+            rows = await self._run.fetch(self._q["batch_skip_held"], ids=ids, tokens=tokens)
+        else:  # the batch rows in one order, as a settle takes them (no deadlock between)
+            async with self._run.transaction() as tx:
+                await tx.execute(self._q["batch_lock"], ids=batches)
+                rows = await tx.fetch(self._q["batch_skip_held"], ids=ids, tokens=tokens)
         return {r["id"] for r in rows}
 
     async def prune(self, finished_before: datetime, batch_size: int) -> int:

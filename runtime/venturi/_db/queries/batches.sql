@@ -53,9 +53,11 @@ SELECT {prefix}_batch_cancel_members(:id) AS skipped;
 
 -- batch_skip_held --
 -- Cancel the claimed members a worker holds and has not started (:ids with their claim
--- :tokens), if their batch is cancelled; returns the ids cancelled. What the worker believes
--- does not matter: a member of a batch still running is left claimed, and the worker starts
--- it. The claim is undone as a hand-back undoes it (not counted as a run); the member
+-- :tokens), if their batch was cancelled after their claim; returns the ids cancelled. What
+-- the worker believes does not matter: a member of a batch still running is left claimed,
+-- and the worker starts it; so is one claimed after the cancellation (a member retried since,
+-- by hand or after a failure: a cancelled batch stays cancelled, and its retried members
+-- run). The claim is undone as a hand-back undoes it (not counted as a run); the member
 -- trigger counts each one cancelled and journals why, as for the members skipped pending.
 WITH skipped AS (
     UPDATE {prefix}_jobs AS j SET
@@ -65,7 +67,7 @@ WITH skipped AS (
     WHERE j.id = u.id AND j.claim_token = u.token AND j.status = 'claimed'
       AND j.batch_callback IS NULL  -- a callback runs when its batch releases it
       AND EXISTS (SELECT 1 FROM {prefix}_batches AS b
-                  WHERE b.id = j.batch_id AND b.cancelled_at IS NOT NULL)
+                  WHERE b.id = j.batch_id AND j.claimed_at <= b.cancelled_at)
     RETURNING j.id, j.awaited
 ), finished AS (  -- a Queue.result waiting for one of them is told it ended
     SELECT pg_notify('{prefix}_results', id::text) FROM skipped WHERE awaited
