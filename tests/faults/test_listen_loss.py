@@ -4,6 +4,7 @@ new job well within `poll_max` (60 s here), which alone would otherwise bound th
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import time
@@ -14,7 +15,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from venturi import PostgresStore, Queue
+from tests.runtime.helpers import running
+from venturi import Context, Outcome, PostgresStore, Queue, Worker
 
 from .harness import FIGURES, fleet, read_runs, wait_until
 from .worker import Work
@@ -101,3 +103,59 @@ async def test_listen_connection_terminated_and_half_open(
     assert after_kill < 5.0
     assert after_stop < POLL_MAX / 4
     assert after_both < 5.0
+
+
+@pytest.mark.slow
+async def test_a_batch_cancelled_while_listen_was_down_skips_the_members_held_ahead(
+    pg_dsn: str, store: PostgresStore, pool: asyncpg.Pool, prefix: str
+) -> None:
+    """The cancellation's notice is lost (the LISTEN backend is stopped; the probe finds it
+    and the worker listens anew): on reconnecting, the worker asks about the batch members it
+    holds unstarted, and the cancelled batch's never run."""
+    queue = Queue(store)
+    name = f"skip-{uuid.uuid4().hex[:8]}"
+    batch_id = await queue.batch("unheard").add(*(Work(i, 1) for i in range(20))).enqueue()
+    release = asyncio.Event()
+    ran: list[int] = []
+
+    async def handle(task: Work, ctx: Context[None], app: None) -> Outcome:
+        ran.append(task.n)
+        if task.n == 5:
+            await release.wait()
+        return Outcome.completed()
+
+    async def prefetched_behind_5() -> bool:
+        n = await pool.fetchval(
+            f"SELECT count(*) FROM {prefix}_jobs WHERE status = 'claimed' AND batch_id = $1",
+            batch_id.to_uuid(),
+        )
+        return 5 in ran and bool(n >= 2)
+
+    async def only_5_left() -> bool:
+        status = await queue.batch_status(batch_id)
+        return status is not None and status.pending == 1
+
+    async with await PostgresStore.connect(pg_dsn, prefix=prefix, application_name=name) as own:
+        worker = Worker(None, own, concurrency=1)
+        worker.register(Work, handle)
+        async with running(worker):
+            await wait_until(prefetched_behind_5, 30, "job 5 running, later ones claimed")
+            stopped = await listen_backend(pool, name)
+            os.kill(stopped, signal.SIGSTOP)
+            try:
+                await queue.cancel_batch(batch_id)  # its notice is never delivered
+                await listen_backend(pool, name, other_than=stopped)
+                await wait_until(only_5_left, 30, "the held members skipped on reconnect")
+            finally:
+                os.kill(stopped, signal.SIGCONT)
+                await pool.execute("SELECT pg_terminate_backend($1)", stopped)
+            release.set()
+
+            async def finished() -> bool:
+                status = await queue.batch_status(batch_id)
+                return status is not None and status.finished
+
+            await wait_until(finished, 30, "the batch finished")
+    status = await queue.batch_status(batch_id)
+    assert status is not None and (status.done, status.cancelled) == (6, 14)
+    assert ran == list(range(6))
