@@ -19,7 +19,7 @@ import logging
 import math
 import uuid
 from collections import Counter, deque
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from ulid import ULID
@@ -301,19 +301,24 @@ class Runner:
             if forget_at <= now:
                 del self._cancelled_batches[known]
         self._cancelled_batches[batch_id] = now + CANCELLED_BATCH_MEMORY
-        self._skip_members(lambda b: b == batch_id)
+        self._skip_members(batch_id)
 
     def recheck_batches(self) -> None:
         """The notices may have been missed (LISTEN reconnected): ask about every batch
         member held here, not started; the database cancels those whose batch is."""
-        self._skip_members(lambda b: True)
+        self._skip_members(None)
 
     def _batch_cancelled_lately(self, batch_id: uuid.UUID) -> bool:
         forget_at = self._cancelled_batches.get(batch_id)
         return forget_at is not None and forget_at > asyncio.get_running_loop().time()
 
-    def _skip_members(self, of: Callable[[uuid.UUID], bool]) -> None:
-        members = [h for h in self.buffer if h.job.batch_id is not None and of(h.job.batch_id)]
+    def _skip_members(self, batch_id: uuid.UUID | None) -> None:
+        """Skip the buffered members of `batch_id` (None: of any batch)."""
+        members = [
+            h
+            for h in self.buffer
+            if h.job.batch_id is not None and batch_id in (None, h.job.batch_id)
+        ]
         if members:
             for h in members:
                 self.buffer.remove(h)

@@ -863,17 +863,9 @@ class PostgresStore:
             "results_channel": self.results_channel,
             "prune": prune,
         }
-        batches = sorted({s.batch_id for s in settlements if s.batch_id is not None})
-        if len(batches) < 2:
-            row = await self._run.fetchrow(self._q["job_settle_many"], **values)
-        else:
-            # The member trigger updates each batch's row in whatever order the plan writes
-            # the jobs: locking the rows first, in one order, keeps two settles that span
-            # the same batches from deadlocking (a settle of one batch's jobs holds one batch
-            # row, and takes it after every other lock of its statement but the counts').
-            async with self._run.transaction() as tx:
-                await tx.execute(self._q["batch_lock"], ids=batches)
-                row = await tx.fetchrow(self._q["job_settle_many"], **values)
+        batch_ids = [s.batch_id for s in settlements if s.batch_id is not None]
+        async with self.batches.in_batch_order(batch_ids) as run:
+            row = await run.fetchrow(self._q["job_settle_many"], **values)
         assert row is not None  # an aggregate: always one row
         owned_ids = row["owned_ids"]  # NULL when every settlement held its claim
         return set(ids) if owned_ids is None else set(owned_ids)

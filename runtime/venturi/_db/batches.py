@@ -7,7 +7,8 @@ store's insert); counting and the callbacks are the member trigger's (migration 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import asynccontextmanager
 from datetime import datetime
 
 import asyncpg
@@ -53,14 +54,25 @@ class Batches:
         """Cancel the held, unstarted members `ids` (claimed with `tokens`, of the batches
         `batch_ids`) whose batch was cancelled after their claim; returns the ids cancelled
         (the others stay claimed: start them)."""
+        async with self.in_batch_order(batch_ids) as run:
+            rows = await run.fetch(self._q["batch_skip_held"], ids=ids, tokens=tokens)
+        return {r["id"] for r in rows}
+
+    @asynccontextmanager
+    async def in_batch_order(self, batch_ids: Sequence[uuid.UUID]) -> AsyncIterator[Runner]:
+        """Where to run a statement that moves members of the batches `batch_ids`: the
+        member trigger updates each batch's row in whatever order the plan writes the jobs,
+        so a statement spanning two batches or more first locks their rows, in id order, in
+        the same transaction; two such statements over the same batches never deadlock (one
+        batch alone needs no lock: its row is taken after every other lock of the statement
+        but the counts')."""
         batches = sorted(set(batch_ids))
         if len(batches) < 2:
-            rows = await self._run.fetch(self._q["batch_skip_held"], ids=ids, tokens=tokens)
-        else:  # the batch rows in one order, as a settle takes them (no deadlock between)
-            async with self._run.transaction() as tx:
-                await tx.execute(self._q["batch_lock"], ids=batches)
-                rows = await tx.fetch(self._q["batch_skip_held"], ids=ids, tokens=tokens)
-        return {r["id"] for r in rows}
+            yield self._run
+            return
+        async with self._run.transaction() as tx:
+            await tx.execute(self._q["batch_lock"], ids=batches)
+            yield tx
 
     async def prune(self, finished_before: datetime, batch_size: int) -> int:
         """Delete the batches finished before `finished_before`, `batch_size` per statement

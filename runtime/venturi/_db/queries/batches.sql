@@ -8,8 +8,9 @@ INSERT INTO {prefix}_batches (id, name, allow_failures, total, pending)
 VALUES (:id, :name, :allow_failures, :total, :total);
 
 -- batch_lock --
--- Lock the rows of batches :ids in id order, before a settle of their members (see
--- PostgresStore.settle): every settle takes them in one order.
+-- Lock the rows of batches :ids in id order, before a statement that moves members of
+-- several of them (a settle, a skip of held members; see Batches.in_batch_order): every such
+-- statement takes them in one order.
 SELECT id FROM {prefix}_batches WHERE id = ANY (:ids::uuid[]) ORDER BY id FOR UPDATE;
 
 -- batch_hold_callbacks --
