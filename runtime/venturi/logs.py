@@ -17,6 +17,7 @@ piece of the DSN's password): each becomes `***` wherever it stands as a word of
 An application that runs a Worker itself can use them the same way:
 
     handler = logging.StreamHandler()
+    handler.addFilter(PoolRetriesInOneLine())
     handler.setFormatter(venturi.logs.JsonFormatter())
     logging.basicConfig(level=logging.INFO, handlers=[handler])
 """
@@ -208,6 +209,22 @@ class JsonFormatter(logging.Formatter):
         return {}
 
 
+class PoolRetriesInOneLine(logging.Filter):
+    """asyncpg's pool logs a traceback each time it fails to reconnect its floor connections
+    (every 1, 2, 4 ... 60 s while the database is away): during an outage, most of a
+    worker's log, on top of the worker's own line that says the database is unavailable and
+    when it is back. This keeps each such record, with its exception in one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if record.name == "asyncpg.pool" and record.exc_info and record.exc_info[1] is not None:
+            exc = record.exc_info[1]
+            record.msg = f"{_message(record)} ({type(exc).__name__}: {exc})"
+            record.args = None
+            record.exc_info = None
+            record.exc_text = None
+        return True
+
+
 def configure(
     format: str = "text",
     level: str = "info",
@@ -216,12 +233,14 @@ def configure(
     json_formatter: type[JsonFormatter] = JsonFormatter,
 ) -> logging.Handler:
     """Log to stderr in `format` ("text" or "json") from `level` up, replacing the root
-    logger's handlers (a command line's own set-up, done once at start)."""
+    logger's handlers (a command line's own set-up, done once at start); asyncpg's pool
+    reconnect retries in one line each (`PoolRetriesInOneLine`)."""
     if format not in FORMATS:
         raise ValueError(f"log format: expected one of {', '.join(FORMATS)}, got {format!r}")
     if level not in LEVELS:
         raise ValueError(f"log level: expected one of {', '.join(LEVELS)}, got {level!r}")
     handler = logging.StreamHandler()
+    handler.addFilter(PoolRetriesInOneLine())
     handler.setFormatter(
         json_formatter(redact=redact) if format == "json" else TextFormatter(redact=redact)
     )

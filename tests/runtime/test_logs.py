@@ -189,6 +189,35 @@ def test_configure_leaves_one_handler_on_the_root(root_logger: logging.Logger) -
         logs.configure("text", "trace")
 
 
+def _log_with_traceback(logger: str, exc: BaseException) -> None:
+    try:
+        raise exc
+    except type(exc):
+        logging.getLogger(logger).warning(
+            "Failed to restore the pool connection floor; retrying", exc_info=True
+        )
+
+
+def test_the_pool_s_reconnect_retries_are_one_line_each(
+    root_logger: logging.Logger, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logs.configure("text", "info", redact=["s3cret"])
+    refused = ConnectionRefusedError(111, "Connect call failed ('127.0.0.1', 5432)")
+    _log_with_traceback("asyncpg.pool", refused)
+    _log_with_traceback("asyncpg.pool", OSError("password s3cret rejected"))
+    _log_with_traceback("venturi.worker", refused)  # anyone else's traceback stays whole
+    lines = capsys.readouterr().err.splitlines()
+    assert lines[0].endswith(
+        "WARNING asyncpg.pool: Failed to restore the pool connection floor; retrying "
+        "(ConnectionRefusedError: [Errno 111] Connect call failed ('127.0.0.1', 5432))"
+    )
+    assert lines[1].endswith("retrying (OSError: password *** rejected)")
+    assert (
+        "WARNING venturi.worker:" in lines[2] and lines[3] == "Traceback (most recent call last):"
+    )
+    assert not any("Traceback" in line for line in lines[:2])
+
+
 WHERE = "127.0.0.1:5432/app"
 
 
