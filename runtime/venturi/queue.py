@@ -646,7 +646,8 @@ class Queue:
         limit: int = 100,
     ) -> list[FailedJob]:
         """Jobs that failed for good (status dead), of `queue` and `kind` (None: any), newest
-        first, at most `limit` (1..10000); page with `before_id`, the last id of a page."""
+        first by id (when each was enqueued; `failed_at` says when it failed), at most `limit`
+        (1..10000); page with `before_id`, the last id of a page."""
         if not isinstance(limit, int) or isinstance(limit, bool) or not 1 <= limit <= 10_000:
             raise ValueError(f"failed(limit=): expected an int from 1 to 10000, got {limit!r}")
         return await self.store.list_failed(
