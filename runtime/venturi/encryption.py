@@ -68,10 +68,12 @@ class KeyRing:
             raise ValueError("KeyRing: expected at least one key")
         aesgcm = _aesgcm()
         self._ciphers: dict[str, Any] = {}
-        for key_id, key in keys.items():
+        for n, (key_id, key) in enumerate(keys.items(), start=1):
             if not isinstance(key_id, str) or not _KEY_ID.fullmatch(key_id):
+                # Not echoed: an id that is not one is most often a key put in its place.
                 raise ValueError(
-                    f"KeyRing: key id {key_id!r}: expected 1-64 letters, digits or _ . -"
+                    f"KeyRing: the id of key {n} is not 1-64 letters, digits or _ . - "
+                    "(ids name keys, as in k1=KEY)"
                 )
             raw = _key_bytes(key_id, key)
             self._ciphers[key_id] = aesgcm(raw)
@@ -96,12 +98,16 @@ class KeyRing:
             if not entry:
                 continue
             key_id, sep, key = entry.partition("=")
-            key_id = key_id.strip()
-            if not sep or not key_id:
-                raise ValueError(f"KeyRing: {source}: entry {n} is not id=base64key")
+            key_id, key = key_id.strip(), key.strip()
+            if not sep or not key_id or not key or not _KEY_ID.fullmatch(key_id):
+                # Never echoed: a bare key (what `venturi keygen` prints) lands here.
+                raise ValueError(
+                    f"KeyRing: {source}: entry {n} is not id=base64key (a bare key? name it: "
+                    "k1=KEY; an id is 1-64 letters, digits or _ . -)"
+                )
             if key_id in keys:
                 raise ValueError(f"KeyRing: {source}: key id {key_id!r} appears twice")
-            keys[key_id] = key.strip()
+            keys[key_id] = key
         return cls(keys)
 
     @property

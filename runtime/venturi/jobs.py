@@ -320,11 +320,17 @@ class BatchStatus:
 
     @property
     def state(self) -> str:
-        """In a word: running, cancelling (cancelled, members still running), succeeded
-        (every member completed), failed (finished with a member failed for good: a batch
-        without allow_failures stops at the first, which cancels the rest) or cancelled."""
-        if self.finished_at is None:
-            return "cancelling" if self.cancelled_at is not None else "running"
+        """In a word, from the members as they stand: running (members not finished),
+        cancelling (cancelled, members still running), succeeded (every member completed),
+        failed (finished with a member failed for good: a batch without allow_failures stops
+        at the first, which cancels the members not started) or cancelled (members skipped,
+        or `cancel_batch` called). A failed member retried (`queue.retry`) counts as not
+        finished again: the batch reads running until it ends, then what it ended as."""
+        # Stopped: members skipped, or cancelled by hand. A first failure that found nothing
+        # left to skip stopped nothing: its member, retried and completed, leaves a success.
+        stopped = self.cancelled > 0 or (self.cancelled_at is not None and self.failed_at is None)
+        if self.pending:
+            return "cancelling" if stopped else "running"
         if self.failed:
             return "failed"
-        return "cancelled" if self.cancelled_at is not None else "succeeded"
+        return "cancelled" if stopped else "succeeded"

@@ -173,11 +173,31 @@ async def test_the_store_may_be_given_late(store: PostgresStore) -> None:
 
 
 async def test_bad_input_is_a_clear_page_not_an_error(store: PostgresStore) -> None:
+    seeded = await seed(store, ready=0, scheduled=0, dead=1)
+    origin = {"origin": "http://127.0.0.1:8080"}
     async with client(dashboard.app(store, gate=lambda r: True)) as http:
         assert (await http.get("/jobs?status=sleeping")).status_code == 400
-        assert (await http.get("/jobs?before=nope")).status_code == 404
+        assert (await http.get("/jobs?before=nope")).status_code == 400
         missing = await http.get("/jobs/01ARZ3NDEKTSV4RRFFQ69G5FAV")
         assert missing.status_code == 404 and "No job" in missing.text
+        assert (await http.get("/jobs/nope")).status_code == 404
+        # Filters no kind or queue can match, some of which the database itself refuses (a
+        # NUL; bytes that are not UTF-8): a 400 naming the parameter, not a 500 or a 503.
+        for query in ("kind=%00", "kind=%ff%fe", "kind=" + "a" * 5000, "queue=%00", "queue=a b"):
+            response = await http.get(f"/jobs?{query}")
+            name = query.split("=")[0]
+            assert response.status_code == 400, query
+            assert f"Not a {name}: {name}=" in response.text, query
+        assert (await http.get("/failed?kind=%00")).status_code == 400
+        forged = await http.get("/failed?notice=retried&n=-99999")
+        assert forged.status_code == 200 and "Retried" not in forged.text
+        token = csrf((await http.get("/failed")).text)
+        bad = await http.post(
+            "/failed/retry-all", data={"csrf": token, "kind": "bad kind"}, headers=origin
+        )
+        assert bad.status_code == 400 and "Not a kind: kind=" in bad.text
+    job = await Queue(store).job(seeded.dead[0])
+    assert job is not None and job.status is JobStatus.DEAD
 
 
 async def test_a_query_past_the_statement_timeout_is_a_503(

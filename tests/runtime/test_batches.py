@@ -9,7 +9,7 @@ import logging
 import random
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import asyncpg
@@ -395,15 +395,19 @@ async def test_retrying_a_failed_member_recounts_it_and_runs_no_callback_twice(
         assert (status.done, status.failed) == (1, 1)
         bad = (await queue.failed())[0]
         fail.clear()
+        assert status.state == "failed"
         await queue.retry(bad.id)
         again = await queue.batch_status(batch_id)
         assert again is not None and (again.failed, again.pending) == (0, 1)
+        assert again.state == "running"  # not "succeeded" while a member is to run
 
         async def recounted() -> bool:
             s = await queue.batch_status(batch_id)
             return s is not None and s.done == 2
 
         await until(recounted)
+        end = await queue.batch_status(batch_id)
+        assert end is not None and end.state == "succeeded"
     names = [n for n, _ in log.ran]
     # Decided once, at the first finish: then stays dropped, nothing ran twice.
     assert names.count("catch") == 1 and names.count("finally") == 1 and "then" not in names
@@ -616,3 +620,49 @@ async def test_settles_spanning_several_batches_never_deadlock(
             status = await finished(queue, batch_id)
             assert status.done == 300
     assert [r.getMessage() for r in caplog.records if "deadlock" in r.getMessage()] == []
+
+
+def _status(**figures: Any) -> BatchStatus:
+    at = datetime(2026, 12, 6, tzinfo=UTC)
+    base: dict[str, Any] = dict(
+        id=ULID(),
+        name="b",
+        created_at=at,
+        allow_failures=False,
+        total=2,
+        pending=0,
+        done=0,
+        failed=0,
+        cancelled=0,
+        failed_at=None,
+        cancelled_at=None,
+        finished_at=at,
+    )
+    for name, value in figures.items():
+        base[name] = at if value is True else value
+    return BatchStatus(**base)
+
+
+@pytest.mark.parametrize(
+    ("figures", "state"),
+    [
+        (dict(pending=2, finished_at=None), "running"),
+        (dict(done=2), "succeeded"),
+        (dict(done=1, failed=1, failed_at=True, cancelled_at=True), "failed"),
+        # ... its failed member retried: running again, then what it ends as. The first
+        # failure skipped nothing (the other member had started): nothing was cancelled.
+        (dict(done=1, pending=1, failed_at=True, cancelled_at=True), "running"),
+        (dict(done=2, failed_at=True, cancelled_at=True), "succeeded"),
+        # The first failure skipped a member: cancelling while one runs, cancelled at the end
+        # once the failed one is retried and completed.
+        (dict(pending=1, cancelled=1, failed_at=True, cancelled_at=True), "cancelling"),
+        (dict(done=1, cancelled=1, failed_at=True, cancelled_at=True), "cancelled"),
+        # cancel_batch by hand: cancelled even when every member had started by then.
+        (dict(pending=1, done=1, cancelled_at=True, finished_at=None), "cancelling"),
+        (dict(done=2, cancelled_at=True), "cancelled"),
+    ],
+)
+def test_a_batch_s_state_reads_its_members_as_they_stand(
+    figures: dict[str, Any], state: str
+) -> None:
+    assert _status(**figures).state == state

@@ -29,6 +29,7 @@ from venturi.dashboard._store import BULK_LIMIT, DashboardStore
 from venturi.errors import JobStateError
 from venturi.jobs import JobFilter, JobStatus
 from venturi.postgres import PostgresStore
+from venturi.task import KIND_PATTERN
 
 PAGE_SIZE = 50
 CHAINS_PAGE = 25
@@ -37,7 +38,7 @@ _NOTICE_PARAMS = ("notice", "n", "q")
 
 _NOTICES = {
     "retried": "Retried {n} job(s): pending again, eligible now, with every attempt again.",
-    "retried_none": "Nothing retried: the job is no longer dead (another click got there first?).",
+    "retried_none": "Nothing retried: the job is not dead (another click got there first?).",
     "retried_all": "Retried {n} dead job(s).",
     "retried_all_more": "Retried {n} dead job(s); more remain (at most {limit:,} a click): "
     "click again.",
@@ -330,8 +331,8 @@ class _Pages:
     async def jobs(self, request: Request) -> Response:
         params = request.query_params
         status = _status(params.get("status"))
-        kind = params.get("kind") or None
-        queue = params.get("queue") or None
+        kind = _name(params.get("kind"), "kind")
+        queue = _name(params.get("queue"), "queue")
         before = _ulid(params.get("before"), "before=")
         async with self._store().reading() as reader:
             found = await reader.jobs(
@@ -395,7 +396,7 @@ class _Pages:
 
     async def failed(self, request: Request) -> Response:
         params = request.query_params
-        kind = params.get("kind") or None
+        kind = _name(params.get("kind"), "kind")
         before = _ulid(params.get("before"), "before=")
         async with self._store().reading() as reader:
             found = await reader.jobs(
@@ -485,7 +486,7 @@ class _Pages:
 
     async def retry_all(self, request: Request) -> Response:
         form = await self._form(request)
-        kind = form.get("kind") or None
+        kind = _name(form.get("kind"), "kind")
         store = self._store()
         n = await store.retry_all(kind=kind, actor=_guard.actor(request))
         more = n >= BULK_LIMIT and await store.dead_count(kind) > 0
@@ -542,13 +543,29 @@ def _status(text: str | None) -> JobStatus | None:
         ) from None
 
 
+def _name(text: str | None, what: str) -> str | None:
+    """A kind or queue name from a filter (empty: any), or a 400 naming what is wrong: no
+    job can have another, and the database would refuse some (a NUL) with its own error."""
+    if not text:
+        return None
+    if not KIND_PATTERN.fullmatch(text):
+        raise HTTPException(
+            400,
+            f"Not a {what}: {what}={text!r:.80} (a {what} is 1-200 letters, digits and "
+            "_ . : / -, starting with a letter or digit).",
+        )
+    return text
+
+
 def _ulid(text: str | None, what: str, *, noun: str = "job") -> ULID | None:
+    """An id from the path (not a page there: 404) or from a parameter (a bad request: 400)."""
     if not text:
         return None
     try:
         return ULID.from_str(text)
     except ValueError:
-        raise HTTPException(404, f"Not a {noun} id: {what} must be a 26-character ULID.") from None
+        code = 404 if what == "the path" else 400
+        raise HTTPException(code, f"Not a {noun} id: {what} must be a 26-character ULID.") from None
 
 
 def _here(request: Request) -> str:
@@ -582,5 +599,7 @@ def _notice(params: Any) -> str | None:
     try:
         n = int(params.get("n", "0"))
     except ValueError:
-        n = 0
+        return None
+    if not 0 <= n <= 1_000_000_000:  # only an action's redirect writes it: not from one
+        return None
     return template.format(n=n, limit=BULK_LIMIT, q=params.get("q", "")[:200])
