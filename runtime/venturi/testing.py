@@ -78,8 +78,12 @@ WorkerFactory = Callable[[PostgresStore], Worker[Any]]
 """Builds the application's worker (its tasks registered) on a store."""
 
 MAX_ROUNDS = 1000
-"""Rounds `run_all_jobs` takes before it gives up: a job that keeps queuing itself (or a
-retry that never succeeds) must fail the test, not hang it."""
+"""Rounds `run_jobs` and `run_all_jobs` take before they give up: jobs that keep queuing
+others (a chain of a thousand links?) must fail the test, not hang it."""
+
+MAX_RERUNS = 20
+"""Runs of one job in one `run_jobs` or `run_all_jobs` after which, due again, it fails the
+test: it keeps putting itself back (`Outcome.pause_in(0)`), or its retries never succeed."""
 
 _prefixes = itertools.count()
 
@@ -104,8 +108,8 @@ class Jobs:
     async def queued_jobs(
         self, kind: str | type[Task[Any]] | None = None, *, queue: str | None = None
     ) -> list[Job]:
-        """Pending jobs (due now or later), oldest first; of one kind (a KIND or a task
-        class) and one named queue if given."""
+        """Pending jobs (due now or later), by when they are due, the soonest first; of one
+        kind (a KIND or a task class) and one named queue if given."""
         rows = await self.store._run.fetch(
             self.store._q["testing_pending"],
             kind=None if kind is None else _kind(kind),
@@ -145,12 +149,15 @@ class Jobs:
     async def run_jobs(self) -> int:
         """Run every job that is due, until none is (jobs the runs enqueue too), with the
         application's worker. A job waiting for a later run_at, or a retry waiting for its
-        backoff, is not due. Returns how many runs settled."""
+        backoff, is not due. Returns how many runs settled. Fails (AssertionError) when one
+        job ran `MAX_RERUNS` times and is due again, or after `MAX_ROUNDS` rounds."""
         return await self._rounds(make_due=False)
 
     async def run_all_jobs(self, *, max_rounds: int = MAX_ROUNDS) -> int:
         """Run every pending job, delayed ones and retries too (their run_at is brought
-        forward), until none is left; raises after `max_rounds` rounds."""
+        forward), until none is left; raises (AssertionError) after `max_rounds` rounds, or
+        when one job ran `MAX_RERUNS` times and is pending again (a retry that never
+        succeeds)."""
         return await self._rounds(make_due=True, max_rounds=max_rounds)
 
     async def dispatch_sync(self, task: Task[Any], *, queue: str = "default") -> Outcome:
@@ -189,14 +196,24 @@ class Jobs:
 
     async def _rounds(self, *, make_due: bool, max_rounds: int = MAX_ROUNDS) -> int:
         runs = 0
+        first_seen: dict[uuid.UUID, int] = {}  # a due job's run count when first seen due
         for _ in range(max_rounds):
             worker = self._worker()
             scope = {"queues": list(worker.queues), "kinds": worker.kinds}
             if make_due:
                 await self.store._run.execute(self.store._q["testing_make_due"], **scope)
-            due = await self.store._run.fetchval(self.store._q["testing_due"], **scope)
+            due = await self.store._run.fetch(self.store._q["testing_due"], **scope)
             if not due:
                 return runs
+            for row in due:
+                ran = row["run_count"] - first_seen.setdefault(row["id"], row["run_count"])
+                if ran >= MAX_RERUNS:
+                    job_id = ULID.from_bytes(row["id"].bytes)
+                    raise AssertionError(
+                        f"job {job_id} ({row['kind']}) ran {ran} times here and is due "
+                        "again: it keeps putting itself back (Outcome.pause_in(0)?), or its "
+                        "retries never succeed"
+                    )
             await worker.run(once=True)
             runs += sum(n for outcome, n in worker._settled.items() if outcome != "returned")
         raise AssertionError(

@@ -55,6 +55,41 @@ async def test_once_runs_what_is_due_now_and_returns(queue: Queue) -> None:
     assert job is not None and job.status is JobStatus.PENDING  # not due: left for later
 
 
+@dataclass
+class Again(Task):
+    KIND = "modes.again"
+
+
+@pytest.mark.parametrize("concurrency", [1, 4])
+async def test_once_returns_though_a_job_keeps_putting_itself_back(
+    queue: Queue, concurrency: int
+) -> None:
+    """A job that pauses itself due at once is due again as soon as it settles: a claim
+    that keeps finding it (or a stream of new jobs) is full every time. `once` runs the jobs
+    due when it began, and stops at a claim of only jobs that came due since."""
+    await queue.enqueue_many(Item(i) for i in range(10))
+    # More of them than a claim asks for (the free slots and the prefetch): every claim
+    # would be full.
+    again = await queue.enqueue_many(Again() for _ in range(2 * concurrency + 8))
+    runs: list[int] = []
+
+    async def forever(task: Again, ctx: Context[None], app: None) -> Outcome:
+        runs.append(ctx.run_count)
+        return Outcome.pause_in(0)
+
+    seen: list[int] = []
+    worker = counting_worker(queue, seen, concurrency=concurrency)
+    worker.register(Again, forever)
+    await asyncio.wait_for(worker.run(once=True), 30)
+    assert sorted(seen) == list(range(10))
+    # Each ran at its first claim (due at the start); a claim may take runs that came due
+    # since beside the jobs due at the start, and stops the run when it takes only those.
+    assert runs.count(1) == len(again) and len(runs) <= 3 * len(again), runs
+    for job_id in again:
+        job = await queue.job(job_id)
+        assert job is not None and job.status is JobStatus.PENDING
+
+
 async def test_once_with_nothing_due_returns_at_once(queue: Queue) -> None:
     worker = counting_worker(queue, [], concurrency=2)
     await asyncio.wait_for(worker.run(once=True), 30)

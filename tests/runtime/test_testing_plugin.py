@@ -62,6 +62,14 @@ class Forever(Task):
 
 
 @dataclasses.dataclass
+class Yielder(Task):
+    KIND = "yielder"
+
+    async def handle(self, ctx, app):
+        return Outcome.pause_in(0)  # due again at once
+
+
+@dataclasses.dataclass
 class Boom(Task):
     KIND = "boom"
 
@@ -79,7 +87,7 @@ def ctx_queue(ctx):
 
 def build_worker(store: PostgresStore) -> Worker:
     worker = Worker(RAN, store, concurrency=2, backoff=Backoff(60, 600))
-    for task in (Invoice, Receipt, Flaky, Forever, Boom):
+    for task in (Invoice, Receipt, Flaky, Forever, Yielder, Boom):
         worker.register(task)
     return worker
 
@@ -96,7 +104,7 @@ import pytest
 from venturi import JobStatus
 from venturi.testing import Jobs
 
-from app import Boom, Flaky, Forever, Invoice, RAN
+from app import Boom, Flaky, Forever, Invoice, RAN, Yielder
 
 
 @pytest.mark.asyncio
@@ -128,6 +136,14 @@ async def test_run_all_jobs_gives_up_on_a_job_that_never_ends(venturi_queue, ven
     await venturi_queue.enqueue(Forever())
     with pytest.raises(AssertionError, match="still due after 5 rounds"):
         await venturi_jobs.run_all_jobs(max_rounds=5)
+
+
+@pytest.mark.asyncio
+async def test_a_job_that_keeps_putting_itself_back_fails_the_test(venturi_queue, venturi_jobs):
+    job_id = await venturi_queue.enqueue(Yielder())
+    with pytest.raises(AssertionError, match=f"job {job_id} .yielder. ran 20 times here"):
+        await venturi_jobs.run_jobs()
+    assert (await venturi_queue.job(job_id)).run_count < 30  # not a thousand rounds
 
 
 @pytest.mark.asyncio
@@ -172,7 +188,7 @@ def test_a_users_suite_runs_its_jobs_through_the_plugin(
     pytester.makepyfile(test_app=textwrap.dedent(USER_TESTS))
     monkeypatch.setenv("VENTURI_TEST_DSN", pg_dsn)
     result = pytester.runpytest_subprocess("-p", "no:cacheprovider", "-q")
-    result.assert_outcomes(passed=7)
+    result.assert_outcomes(passed=8)
 
 
 async def test_the_stores_tables_are_dropped_after_each_test(
