@@ -81,6 +81,11 @@ PRUNE_INTERVAL_S = 60.0
 CLOSE_GRACE = 10.0
 """Seconds `close()` waits for connections in use to be released before terminating them."""
 
+RESULT_POLL_FIRST = 0.05
+RESULT_POLL_MAX = 1.0
+"""Seconds between looks at an awaited job (`Queue.result`) where LISTEN cannot hold (a
+transaction pooler without `listen_dsn`): the first, then doubling up to the most."""
+
 logger = logging.getLogger(__name__)
 
 SSLMode = Literal["disable", "prefer", "allow", "require", "verify-ca", "verify-full"]
@@ -1024,6 +1029,17 @@ class PostgresStore:
         assert row is not None
         return NextDue(row["due_in_s"], row["held"])
 
+    def _direct_connect_args(self, purpose: str) -> tuple[str | None, dict[str, Any]]:
+        """asyncpg.connect's arguments for a connection of its own, outside the pool (LISTEN
+        goes there), named `venturi <purpose>` in pg_stat_activity."""
+        assert self._connect_args is not None
+        dsn, options = self._connect_args
+        options = {k: v for k, v in options.items() if k not in _POOL_ONLY}
+        settings = dict(options.get("server_settings") or {})
+        settings["application_name"] = f"{settings.get('application_name', 'venturi')} {purpose}"
+        options["server_settings"] = settings
+        return dsn, options
+
     @asynccontextmanager
     async def listen(
         self,
@@ -1102,11 +1118,7 @@ class PostgresStore:
 
         pool = self._pool_or_raise()
         if self._connect_args is not None:
-            dsn, options = self._connect_args
-            options = {k: v for k, v in options.items() if k not in _POOL_ONLY}
-            settings = dict(options.get("server_settings") or {})
-            settings["application_name"] = settings.get("application_name", "venturi") + " listen"
-            options["server_settings"] = settings
+            dsn, options = self._direct_connect_args("listen")
             conn: Any = await asyncpg.connect(dsn, **options)
         else:
             conn = await pool.acquire()
@@ -1165,13 +1177,20 @@ class PostgresStore:
         Waits on the results channel, never polls (bound it with `asyncio.timeout`); holds
         one pool connection, listening, while it waits."""
         key = _as_uuid(job_id)
+        if not self.can_listen:
+            # Through a transaction pooler without a listen_dsn: LISTEN would not hold.
+            delay = RESULT_POLL_FIRST
+            while await self._run.fetchval(self._q["job_unfinished"], id=key) is not None:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RESULT_POLL_MAX)
+            return await self.get_job(key, codec)
         done = asyncio.Event()
 
         def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
             if payload == str(key):
                 done.set()
 
-        async with self._pool_or_raise().acquire() as conn:
+        async with self._listening_connection() as conn:
             await conn.add_listener(self.results_channel, notified)
             try:
                 stmt = self._q["job_await"]
@@ -1180,6 +1199,22 @@ class PostgresStore:
             finally:
                 await conn.remove_listener(self.results_channel, notified)
         return await self.get_job(key, codec)
+
+    @asynccontextmanager
+    async def _listening_connection(self) -> AsyncIterator[Any]:
+        """A connection that may LISTEN: one of the pool's, or, through a transaction
+        pooler, a direct one to `listen_dsn` of its own (closed after)."""
+        if self._pooler == "none":
+            async with self._pool_or_raise().acquire() as conn:
+                yield conn
+            return
+        assert self._connect_args is not None  # can_listen
+        dsn, options = self._direct_connect_args("result")
+        conn = await asyncpg.connect(dsn, **options)
+        try:
+            yield conn
+        finally:
+            conn.terminate()
 
     @_schema_required
     async def list_jobs(self, f: JobFilter, codec: Codec = DEFAULT_CODEC) -> list[Job]:

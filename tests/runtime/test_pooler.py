@@ -211,6 +211,37 @@ async def test_listen_dsn_wakes_a_worker_behind_the_pooler(
         await store.close()
 
 
+async def test_results_are_awaited_behind_the_pooler(
+    pooled: PostgresStore, pgbouncer_dsn: str, pg_dsn: str, prefix: str
+) -> None:
+    """Without listen_dsn, `result` looks at the job (reading only) until it finishes; with
+    one, it LISTENs on a direct connection of its own. Both through PgBouncer otherwise."""
+    listening = await PostgresStore.connect(
+        pgbouncer_dsn, prefix=prefix, pooler="transaction", listen_dsn=pg_dsn
+    )
+    release = asyncio.Event()
+
+    async def handle(task: Step, ctx: Context[None], app: None) -> Outcome:
+        await release.wait()  # finishes only after each result() began to wait
+        return Outcome.completed(result={"double": 2 * task.n})
+
+    worker = Worker(None, pooled, poll_max=0.2, concurrency=2)
+    worker.register(Step, handle)
+    try:
+        async with running(worker):
+            for store, n in ((pooled, 1), (listening, 2)):
+                queue = Queue(store)
+                job_id = await queue.enqueue(Step(n))
+                waiting = asyncio.create_task(queue.result(job_id, timeout=30))
+                await until_status(queue, job_id, JobStatus.CLAIMED)
+                assert not waiting.done()
+                release.set()
+                assert await waiting == {"double": 2 * n}
+                release.clear()
+    finally:
+        await listening.close()
+
+
 async def test_without_listen_dsn_the_store_refuses_to_listen(pooled: PostgresStore) -> None:
     with pytest.raises(TypeError, match="listen_dsn"):
         async with pooled.listen(lambda _kind: None, lambda: None):

@@ -8,3 +8,10 @@
 UPDATE {prefix}_jobs SET awaited = true
 WHERE id = :id AND status IN ('pending', 'claimed', 'waiting')
 RETURNING status;
+
+-- job_unfinished --
+-- Whether :id has yet to finish (NULL: finished, or no such job): where LISTEN cannot hold (a
+-- transaction pooler without listen_dsn), `Queue.result` looks with this, reading only, so
+-- it never holds the row a claim or a settle wants.
+SELECT status FROM {prefix}_jobs
+WHERE id = :id AND status IN ('pending', 'claimed', 'waiting');
