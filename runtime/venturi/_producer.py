@@ -294,6 +294,8 @@ class Producer:
                 claimed = [claimed[i] for i in order]
             self._slot_counter += len(claimed)
             self.claimed += len(claimed)
+            if claimed and logger.isEnabledFor(logging.DEBUG):  # one look per claim
+                _log_claimed(claimed)
             starts = runner.starts
             for job in claimed:
                 reg = self._registry.get(job.kind)
@@ -383,3 +385,15 @@ class Producer:
                 kind,
                 extra={"job_id": logs.id_text(job_id), "kind": kind},
             )
+
+
+def _log_claimed(claimed: list[ClaimedJob]) -> None:
+    for job in claimed:
+        logger.debug(
+            "claimed job %s (%s), run %d, due %.3fs ago",
+            logs.ShownId(job.id),
+            job.kind,
+            job.run_count,
+            job.waited_s,
+            extra=logs.job_fields(job.id, job.kind, job.queue, job.run_count),
+        )

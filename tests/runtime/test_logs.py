@@ -145,6 +145,33 @@ async def test_messages_name_a_job_as_enqueue_returned_it(
     assert not [r for r in caplog.records if str(job_id.to_uuid()) in r.getMessage()]
 
 
+async def test_enqueue_and_claim_log_at_debug(
+    queue: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    async def done(task: Flaky, ctx: Context[None], app: None) -> Outcome:
+        return Outcome.completed()
+
+    worker = Worker(None, queue.store, concurrency=1)
+    worker.register(Flaky, done)
+    with caplog.at_level(logging.DEBUG, logger="venturi"):
+        job_id = await queue.enqueue(Flaky())
+        async with running(worker):
+            await until_status(queue, job_id, JobStatus.COMPLETED)
+    debug = [r for r in caplog.records if r.levelno == logging.DEBUG]
+    enqueued = [r for r in debug if r.getMessage() == f"enqueued job {job_id} (logs.flaky)"]
+    claimed = [
+        r for r in debug if r.getMessage().startswith(f"claimed job {job_id} (logs.flaky), run 1")
+    ]
+    assert enqueued and claimed, [r.getMessage() for r in debug]
+    fields = claimed[0].__dict__
+    assert (fields["job_id"], fields["kind"], fields["queue"], fields["run"]) == (
+        str(job_id),
+        "logs.flaky",
+        "default",
+        1,
+    )
+
+
 def test_redaction_takes_whole_words_in_any_case() -> None:
     redact = logs.Redactor(["s3cr3t", "ab"])
     assert redact("postgresql://u:S3CR3T@h/db") == "postgresql://u:***@h/db"
