@@ -847,8 +847,9 @@ def _schedule_json(s: ScheduleInfo) -> dict[str, Any]:
     return {
         "name": s.name,
         "spec": s.spec,
-        "kind": s.kind,
-        "last_tick": s.last_tick.isoformat(),
+        "kind": s.kind or None,  # a function task's, until its first tick
+        # Before its first tick, last_tick holds the schedule's start: not a tick.
+        "last_tick": s.last_tick.isoformat() if s.enqueued or s.skipped else None,
         "next_tick": s.next_tick.isoformat(),
         "last_job": None if s.last_job is None else str(s.last_job),
         "enqueued": s.enqueued,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import keyword
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +47,13 @@ def check(name: str, module: str) -> None:
         raise ValueError(
             f"module {module!r}: expected a dotted Python module path in lowercase, "
             f"e.g. myapp.orders"
+        )
+    if parts[0] in sys.stdlib_module_names or parts[0] in ("venturi", "tests", "test"):
+        # ./os.py would shadow the standard library's for everything run from here (its
+        # generated test could not import it either); tests/ holds the generated test.
+        raise ValueError(
+            f"module {module!r}: {parts[0]!r} is taken (the standard library, venturi or the "
+            f"tests folder); put the task in your own package, e.g. myapp.{parts[-1]}"
         )
 
 

@@ -42,6 +42,9 @@ def test_the_kind_is_the_name_in_snake_case(name: str, kind: str) -> None:
         ("Send", "My.App", "module 'My.App'"),
         ("Send", "app..x", "module 'app..x'"),
         ("Send", "app.class", "module 'app.class'"),
+        ("Send", "os", "module 'os': 'os' is taken (the standard library"),
+        ("Send", "json.tasks", "'json' is taken"),
+        ("Send", "tests", "'tests' is taken"),
     ],
 )
 def test_a_bad_name_is_refused_with_what_is_wrong(

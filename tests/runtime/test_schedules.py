@@ -272,6 +272,8 @@ async def test_venturi_schedules_lists_the_next_run(store: PostgresStore, pg_dsn
     assert done.returncode == 0, done.stderr
     (row,) = json.loads(done.stdout)
     assert row["name"] == "nightly" and row["spec"] == "cron 0 3 * * * Europe/Riga"
+    assert row["last_tick"] is None  # not ticked yet: its start is not a tick
+    assert row["kind"] == "tick"
     next_run = datetime.fromisoformat(row["next_tick"]).astimezone(RIGA)
     assert (next_run.hour, next_run.minute) == (3, 0)
     assert next_run - datetime.now(RIGA) <= timedelta(days=1)
