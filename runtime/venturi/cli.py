@@ -91,6 +91,14 @@ def parse_duration(text: str) -> timedelta:
         raise argparse.ArgumentTypeError(f"duration {text!r} is too long") from None
 
 
+def positive_duration(text: str) -> timedelta:
+    """A duration longer than zero (a pause for none would have ended already)."""
+    value = parse_duration(text)
+    if value <= timedelta(0):
+        raise argparse.ArgumentTypeError(f"expected a duration longer than 0, got {text!r}")
+    return value
+
+
 def positive_int(text: str) -> int:
     """An int >= 1, for counts on the command line."""
     try:
@@ -216,7 +224,7 @@ def _parser() -> argparse.ArgumentParser:
     jobs = sub.add_parser("jobs", parents=[common], help="list jobs, newest first")
     jobs.add_argument("--status", choices=[s.value for s in JobStatus])
     jobs.add_argument("--kind")
-    jobs.add_argument("--limit", type=int, default=50)
+    jobs.add_argument("--limit", type=positive_int, default=50)
     jobs.add_argument("--before", help="job id: list jobs older than this one (paging)")
 
     journal = sub.add_parser("journal", parents=[common], help="one job's journal")
@@ -288,7 +296,7 @@ def _parser() -> argparse.ArgumentParser:
     pause.add_argument("--reason", help="why, for whoever lists the queues")
     ends = pause.add_mutually_exclusive_group()
     ends.add_argument(
-        "--for", dest="for_", type=parse_duration, help="resume by itself after this long (1h)"
+        "--for", dest="for_", type=positive_duration, help="resume by itself after this long (1h)"
     )
     ends.add_argument(
         "--until", type=parse_time, help="resume by itself at this time (ISO 8601, with offset)"

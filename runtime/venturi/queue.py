@@ -282,7 +282,7 @@ class Queue:
             codec.encode(merged, role="merged payload", kind=job.kind, job_id=holder),
             True,
             carry,
-            int(Priority(merged.priority())),
+            int(_priority(merged.priority(), f"{job.kind}.priority()")),
         )
 
     async def enqueue_at(
@@ -393,7 +393,7 @@ class Queue:
     ) -> NewJobs:
         """The jobs of `tasks` that have no per-job policy (the caller checked: no hooks to
         call, no dedup keys), by column, without a record per job: the common bulk case."""
-        tier = int(Priority(priority)) if priority is not None else _NORMAL
+        tier = int(_priority(priority, "priority=")) if priority is not None else _NORMAL
         # Looked up once per task class, not once per job (a batch is usually of one class).
         classes = {
             tp: (_kind(tp), called or _task_queue(tp) or self.queue) for tp in set(map(type, tasks))
@@ -801,7 +801,7 @@ class Queue:
         payload = self.codec.encode(task, kind=kind, job_id=job_id)
         tier = priority if priority is not None else task.priority()
         if type(tier) is not Priority:
-            tier = Priority(tier)
+            tier = _priority(tier, "priority=" if priority is not None else f"{kind}.priority()")
         lease = task.lease()
         backoff = task.backoff()
         if backoff is not None and not isinstance(backoff, Backoff):
@@ -879,6 +879,15 @@ def _retry_note(note: str | None) -> str:
             f"retry(note=): expected a non-empty str of at most 1000 characters, got {note!r:.80}"
         )
     return note
+
+
+def _priority(value: int, where: str) -> Priority:
+    """A Priority from itself or its value, or a ValueError saying where it came from."""
+    try:
+        return Priority(value)
+    except ValueError:
+        names = ", ".join(f"{p.name} ({p.value})" for p in Priority)
+        raise ValueError(f"{where}: expected a Priority, {names}; got {value!r:.80}") from None
 
 
 def _queue_filter(queue: str | None) -> str | None:

@@ -139,11 +139,12 @@ class Urgent(Task):
 
 
 async def test_invalid_priority_is_rejected_and_nothing_is_stored(queue: Queue) -> None:
-    with pytest.raises(ValueError, match="7 is not a valid Priority"):
+    expected = r"expected a Priority, LOW \(0\), NORMAL \(1\), HIGH \(2\); got 7"
+    with pytest.raises(ValueError, match=f"^priority=: {expected}"):
         await queue.enqueue(Order(order_id=1), priority=7)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="7 is not a valid Priority"):
+    with pytest.raises(ValueError, match=f"^priority=: {expected}"):
         await queue.enqueue_many([Order(order_id=2), Order(order_id=3)], priority=7)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="7 is not a valid Priority"):
+    with pytest.raises(ValueError, match=rf"^urgent\.priority\(\): {expected}"):
         await queue.enqueue(Urgent())
     assert (await queue.stats()).pending == 0
 

@@ -159,6 +159,11 @@ def test_bad_arguments_are_one_line(pg_dsn: str) -> None:
     for flag, value in (("--jobs", "-5"), ("--jobs", "0"), ("--concurrency", "-1")):
         run = venturi("demo", flag, value, dsn=None)
         assert run.returncode == 2 and f"argument {flag}: expected a number >= 1" in run.stderr
+    run = venturi("jobs", "--limit", "0", dsn=pg_dsn)  # the flag named, not the API's field
+    assert run.returncode == 2 and "argument --limit: expected a number >= 1" in run.stderr
+    run = venturi("queue", "pause", "default", "--for", "0s", dsn=pg_dsn)
+    assert run.returncode == 2
+    assert "argument --for: expected a duration longer than 0, got '0s'" in run.stderr
 
 
 def test_an_unmigrated_prefix_is_one_line(pg_dsn: str, prefix: str) -> None:
