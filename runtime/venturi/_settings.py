@@ -61,6 +61,17 @@ def check_queue_name(value: object, *, setting: str = "queue") -> str:
     return value
 
 
+def check_kind(value: object, *, setting: str = "kind") -> str:
+    """A KIND given as text (a filter, a command-line flag): 1-200 characters, letters,
+    digits and `_ . : / -`, starting with a letter or digit."""
+    if not isinstance(value, str) or not KIND_PATTERN.fullmatch(value):
+        raise ValueError(
+            f"{setting}: invalid KIND {value!r:.80}: expected 1-200 characters, letters, digits "
+            f"and _ . : / -, starting with a letter or digit"
+        )
+    return value
+
+
 def check_lease(value: Seconds, *, setting: str) -> float:
     """A lease in seconds, from `MIN_LEASE` to `MAX_LEASE`."""
     return to_seconds(value, name=setting, low=MIN_LEASE, high=MAX_LEASE)

@@ -47,7 +47,7 @@ from ulid import ULID
 
 from venturi import _loops, logs
 from venturi._dsn import secret_pieces
-from venturi._settings import check_queue_name
+from venturi._settings import check_kind, check_queue_name
 from venturi.embedded import EmbeddedPostgresError
 from venturi.encryption import KEYS_ENV, KeyRing, SealedCodec, new_key
 from venturi.errors import JobStateError, SchemaError
@@ -89,6 +89,11 @@ def parse_duration(text: str) -> timedelta:
         return timedelta(seconds=float(match["n"]) * _UNITS[match["unit"]])
     except OverflowError:  # beyond timedelta's 999,999,999 days (or an infinite float)
         raise argparse.ArgumentTypeError(f"duration {text!r} is too long") from None
+
+
+def _count(n: int, one: str, many: str | None = None) -> str:
+    """'1 failed job', '2 failed jobs', '1,000 runs'."""
+    return f"{n:,} {one if n == 1 else (many or one + 's')}"
 
 
 def positive_duration(text: str) -> timedelta:
@@ -498,10 +503,10 @@ async def _failed(args: argparse.Namespace, queue: Queue) -> None:
                         f"failed {args.action}: {exc} ({done} before it: {before}; not tried: "
                         f"{after})"
                     ) from None
-            _out(args, {done: [str(i) for i in ids]}, f"{done} {len(ids)} failed jobs")
+            _out(args, {done: [str(i) for i in ids]}, f"{done} {_count(len(ids), 'failed job')}")
         elif args.action == "retry-all":
             n = await queue.retry_all(queue=args.queue, kind=args.kind)
-            _out(args, {"retried": n}, f"retried {n:,} failed jobs")
+            _out(args, {"retried": n}, f"retried {_count(n, 'failed job')}")
         else:
             before = None
             if args.older_than is not None:
@@ -510,7 +515,7 @@ async def _failed(args: argparse.Namespace, queue: Queue) -> None:
                 except OverflowError:
                     raise UsageError("--older-than reaches back before the year 1") from None
             n = await queue.flush(queue=args.queue, kind=args.kind, before=before)
-            _out(args, {"deleted": n}, f"deleted {n:,} failed jobs")
+            _out(args, {"deleted": n}, f"deleted {_count(n, 'failed job')}")
     except JobStateError as exc:
         raise UsageError(f"failed {args.action}: {exc}") from None
     except ValueError as exc:
@@ -560,10 +565,15 @@ async def _batches(args: argparse.Namespace, queue: Queue) -> None:
             _out(args, _batch_json(status), _batches_text([status]))
         elif args.batch_command == "cancel":
             skipped = await queue.cancel_batch(args.batch_id)
-            _out(args, {"skipped": skipped}, f"cancelled: skipped {skipped:,} jobs not started")
+            said = f"cancelled: skipped {_count(skipped, 'job')} not started"
+            if not skipped:
+                status = await queue.batch_status(args.batch_id)
+                if status is not None and status.finished:
+                    said = f"batch {args.batch_id} had finished ({status.state}): nothing to cancel"
+            _out(args, {"skipped": skipped}, said)
         else:
             n = await queue.prune_batches(timedelta(hours=args.hours))
-            _out(args, {"deleted": n}, f"deleted {n:,} finished batches")
+            _out(args, {"deleted": n}, f"deleted {_count(n, 'finished batch', 'finished batches')}")
     except (LookupError, ValueError) as exc:
         raise UsageError(f"batches {args.batch_command}: {exc}") from None
 
@@ -744,6 +754,11 @@ async def _cleanup(args: argparse.Namespace, store: PostgresStore) -> None:
             f"cleanup: --older-than {args.older_than.days:,} days reaches back before the "
             f"year 1; nothing is that old"
         ) from None
+    if args.kind is not None:
+        try:
+            check_kind(args.kind, setting="cleanup: --kind")
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     criteria = CleanupCriteria(
         finished_before=cutoff,
         kind=args.kind,
@@ -758,7 +773,7 @@ async def _cleanup(args: argparse.Namespace, store: PostgresStore) -> None:
     removed = await store.cleanup(criteria, on_batch=progress)
     if show:
         print(file=sys.stderr)
-    _out(args, {"deleted": removed}, f"deleted {removed:,} finished jobs")
+    _out(args, {"deleted": removed}, f"deleted {_count(removed, 'finished job')}")
 
 
 def _out(args: argparse.Namespace, data: Any, text: str) -> None:
@@ -955,7 +970,7 @@ def _entry_json(e: JournalEntry) -> dict[str, Any]:
 def _journal_text(job: Job, entries: list[JournalEntry]) -> str:
     head = (
         f"job {job.id} ({job.kind}): {job.status.value}, "
-        f"{job.run_count} runs, {job.failures} failures"
+        f"{_count(job.run_count, 'run')}, {_count(job.failures, 'failure')}"
     )
     if not entries:
         return head + "\n  (no journal entries yet)"

@@ -27,6 +27,7 @@ from venturi._hooks import hook_set
 from venturi._records import ExistingJob, MergePlan, NewBatch, NewJob, NewJobs
 from venturi._settings import (
     DEFAULT_QUEUE,
+    check_kind,
     check_lease,
     check_max_attempts,
     check_queue_name,
@@ -54,7 +55,7 @@ from venturi.pauses import QueueState, check_reason, check_until
 from venturi.postgres import Connection, PostgresStore
 from venturi.registry import WorkerInfo
 from venturi.schedules import ScheduleInfo
-from venturi.task import KIND_PATTERN, Priority, Task, carry_type_of, kind_of
+from venturi.task import Priority, Task, carry_type_of, kind_of
 
 logger = logging.getLogger(__name__)
 
@@ -899,12 +900,7 @@ def _kind_filter(kind: str | type[Task[Any]] | None) -> str | None:
         return None
     if isinstance(kind, type):
         return _kind(kind)
-    if not isinstance(kind, str) or not KIND_PATTERN.fullmatch(kind):
-        raise ValueError(
-            f"kind: invalid KIND {kind!r:.80}: expected 1-200 characters, letters, digits and "
-            f"_ . : / -, starting with a letter or digit (or a Task class)"
-        )
-    return kind
+    return check_kind(kind)
 
 
 def _expect_dead(job_id: ULID, status: JobStatus | None, done: str) -> None:

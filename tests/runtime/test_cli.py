@@ -159,6 +159,8 @@ def test_bad_arguments_are_one_line(pg_dsn: str) -> None:
     for flag, value in (("--jobs", "-5"), ("--jobs", "0"), ("--concurrency", "-1")):
         run = venturi("demo", flag, value, dsn=None)
         assert run.returncode == 2 and f"argument {flag}: expected a number >= 1" in run.stderr
+    run = venturi("cleanup", "--older-than", "1d", "--kind", "bad kind", dsn=pg_dsn)
+    assert run.returncode == 2 and "cleanup: --kind: invalid KIND 'bad kind'" in run.stderr
     run = venturi("jobs", "--limit", "0", dsn=pg_dsn)  # the flag named, not the API's field
     assert run.returncode == 2 and "argument --limit: expected a number >= 1" in run.stderr
     run = venturi("queue", "pause", "default", "--for", "0s", dsn=pg_dsn)
@@ -377,6 +379,9 @@ async def test_batches_commands(queue: Queue, pg_dsn: str) -> None:
         venturi("batches", "show", str(batch_id), "--json", dsn=pg_dsn, prefix=prefix).stdout
     )
     assert (shown["cancelled"], shown["percent"], shown["state"]) == (2, 100, "cancelled")
+    run = venturi("batches", "cancel", str(batch_id), dsn=pg_dsn, prefix=prefix)
+    assert run.returncode == 0
+    assert run.stdout.strip() == f"batch {batch_id} had finished (cancelled): nothing to cancel"
     run = venturi("batches", "prune", "--hours", "1", dsn=pg_dsn, prefix=prefix)
     assert run.returncode == 0 and run.stdout.strip() == "deleted 0 finished batches"
     run = venturi("batches", "show", "01ARZ3NDEKTSV4RRFFQ69G5FAV", dsn=pg_dsn, prefix=prefix)

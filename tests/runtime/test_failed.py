@@ -250,7 +250,7 @@ async def test_failed_commands(store: PostgresStore, queue: Queue, pg_dsn: str) 
     assert [line.split()[0] for line in text[1:]] == [str(b), str(a)]
     assert [f["id"] for f in json.loads(cli("list", "--json", "--before", str(b)))] == [str(a)]
 
-    assert cli("retry", str(a)).strip() == "retried 1 failed jobs"
+    assert cli("retry", str(a)).strip() == "retried 1 failed job"
     job = await queue.job(a)
     assert job is not None and job.status is JobStatus.PENDING
 
@@ -265,7 +265,7 @@ async def test_failed_commands(store: PostgresStore, queue: Queue, pg_dsn: str) 
     assert len(await queue.failed()) == 2  # nothing changed
 
     assert json.loads(cli("retry-all", "--kind", "ship", "--json")) == {"retried": 1}
-    assert cli("forget", str(b)).strip() == "forgotten 1 failed jobs"
+    assert cli("forget", str(b)).strip() == "forgotten 1 failed job"
     assert await queue.job(b) is None
     await fail(store, Ship(4))  # the worker fails the two retried ones again too
     assert cli("flush", "--older-than", "1h").strip() == "deleted 0 failed jobs"
