@@ -136,7 +136,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     config, log = parse_args(argv)
     # One handler for every record, kopf's included: kopf.configure() would add a second
     # (each line twice) and reset the level to info.
-    logs.configure(log.format, log.level, json_formatter=JsonFormatter)
+    logs.configure(log.format, log.level, json_formatter=JsonFormatter, quote_errors=False)
     if log.level != "debug":
         logging.getLogger("asyncio").setLevel(logging.WARNING)  # as kopf does, keeping errors
     try:

@@ -16,13 +16,11 @@ Uses the runtime's public API only (`venturi.PostgresStore`, `venturi.Queue`).
 from __future__ import annotations
 
 import asyncio
-import errno
 import logging
-import re
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
-from venturi import PostgresStore, Queue, Stats, WorkerInfo
+from venturi import PostgresStore, Queue, Stats, WorkerInfo, logs
 from venturi_operator.config import OperatorConfig
 from venturi_operator.dsn import ENCODING_HINT, the_database
 
@@ -84,6 +82,8 @@ class Databases:
             ) from None
         except Exception as exc:  # asyncpg raises many types; each means "no stats this tick"
             self._log_failure(dsn, "reading stats from", exc)
+            if _connection_lost(exc):  # as when connecting: one generic failure
+                raise _connect_error(dsn, exc) from None
             if _schema_missing(exc):
                 raise DatabaseError(
                     "SchemaMissing",
@@ -135,11 +135,13 @@ class Databases:
                 "QueryTimeout", f"{what} took longer than {self._config.statement_timeout}s"
             ) from None
         except Exception as exc:
+            if _connection_lost(exc):
+                raise _connect_error(dsn, exc) from None
             if _schema_missing(exc):
                 raise DatabaseError(
-                    "SchemaMissing", f"{what}: a table is missing: run `venturi migrate` ({exc})"
+                    "SchemaMissing", f"{what}: a table is missing: run `venturi migrate`"
                 ) from None
-            raise DatabaseError("QueryFailed", f"{what} failed: {exc}") from None
+            raise DatabaseError("QueryFailed", f"{what} failed ({_cause(exc)})") from None
 
     async def workers(self, dsn: str, prefix: str) -> list[WorkerInfo]:
         """The worker registry's rows (live or not), bounded like `stats`."""
@@ -153,6 +155,8 @@ class Databases:
                 f"the worker registry took longer than {self._config.statement_timeout}s",
             ) from None
         except Exception as exc:  # asyncpg raises many types; each means "no registry this tick"
+            if _connection_lost(exc):
+                raise _connect_error(dsn, exc) from None
             raise DatabaseError(
                 "QueryFailed", f"reading the worker registry failed ({_cause(exc)})"
             ) from None
@@ -316,20 +320,27 @@ class Databases:
         await asyncio.gather(*(s.close() for s in stores), return_exceptions=True)
 
 
-_SQLSTATE = re.compile(r"[0-9A-Z]{5}")
-
-
 def _cause(exc: BaseException) -> str:
     """An exception as its class and code (errno or SQLSTATE): never its message, which may
     quote the DSN, its password, or what some server at an arbitrary address said."""
-    cause = type(exc).__name__
-    code = getattr(exc, "errno", None)
-    if isinstance(code, int) and code in errno.errorcode:
-        cause += f" {errno.errorcode[code]}"
+    return logs.error_class(exc)
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """The connection failed, not the statement: a socket error, a connection asyncpg closed
+    or could not make, or a server that refused it (SQLSTATE classes 08, connection
+    exception, and 57, operator intervention: a shutdown, say)."""
+    if isinstance(exc, OSError | EOFError) or type(exc).__name__ in _CONNECTION_ERRORS:
+        return True
     sqlstate = getattr(exc, "sqlstate", None)
-    if isinstance(sqlstate, str) and _SQLSTATE.fullmatch(sqlstate):
-        cause += f" SQLSTATE {sqlstate}"
-    return cause
+    return isinstance(sqlstate, str) and sqlstate.startswith(("08", "57"))
+
+
+_CONNECTION_ERRORS = frozenset(
+    {"InterfaceError", "ConnectionDoesNotExistError", "InternalClientError"}
+)
+"""asyncpg's client-side errors of a connection that is gone or unusable (by name: the
+operator does not import asyncpg)."""
 
 
 def _schema_missing(exc: BaseException) -> bool:

@@ -131,7 +131,7 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
                     )
                     await reconciler.kube.patch_status(namespace, name, result.status)
                     spared = result.spared
-                except Exception:  # one bad tick must never end the daemon
+                except Exception as exc:  # one bad tick must never end the daemon
                     logger.exception(
                         "%s/%s: reconcile failed",
                         namespace,
@@ -139,6 +139,19 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
                         extra={"namespace": namespace, "jobqueue": name},
                     )
                     reconciler.metrics.reconcile_errors.labels(namespace, name, "Exception").inc()
+                    failed = reconciler.failed(
+                        namespace, name, generation, plain(body.get("status") or {}), exc, post
+                    )
+                    try:
+                        await reconciler.kube.patch_status(namespace, name, failed)
+                    except Exception:  # the API server may be what failed: the log says it
+                        logger.warning(
+                            "%s/%s: could not write the failed tick's status",
+                            namespace,
+                            name,
+                            exc_info=True,
+                            extra={"namespace": namespace, "jobqueue": name},
+                        )
                 reconciled[key] = generation
                 interval = spec.get("interval") if isinstance(spec, dict) else None
                 seconds = float(interval) if isinstance(interval, int) else DEFAULT_INTERVAL

@@ -199,6 +199,10 @@ STARTUP_WEIGHT = 0.3
 #: Jobs that must have finished (fading count) before a service time is believed, and how many
 #: times the claimed jobs that count must be.
 MIN_FINISHED = 4.0
+#: The shortest service time the policy takes (seconds): the held time is sampled at ticks, so
+#: jobs that start and finish between two ticks add none, and a pool of such jobs reads 0 (a
+#: slot of it would serve jobs without end).
+MIN_SERVICE_SECONDS = 0.01
 SERVICE_EVIDENCE = 2.0
 #: ... unless this many have been seen finish already.
 ENOUGH_FINISHED = 50
@@ -555,7 +559,9 @@ class History:
     @property
     def service_seconds(self) -> float | None:
         """Seconds a job holds a slot; None until a few jobs finished."""
-        return self.held / self.finished if self.finished >= MIN_FINISHED else None
+        if self.finished < MIN_FINISHED:
+            return None
+        return max(self.held / self.finished, MIN_SERVICE_SECONDS)
 
 
 @dataclass(frozen=True, kw_only=True)

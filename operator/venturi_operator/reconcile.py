@@ -141,6 +141,38 @@ class Reconciler:
         ]
         return max(0.0, min(times) - now) if times else None
 
+    def failed(
+        self,
+        namespace: str,
+        name: str,
+        generation: int,
+        previous_status: Mapping[str, Any],
+        exc: BaseException,
+        post: EventSink,
+    ) -> dict[str, Any]:
+        """The status of a tick that raised (a bug: the daemon logs its traceback): every
+        condition false with reason ReconcileFailed, and a Warning when that is new, so that
+        a JobQueue no longer scaled does not keep reading Ready. Names the exception's class
+        only (its text could hold anything)."""
+        memory = self._memory.setdefault((namespace, name), _Memory())
+        reason = "ReconcileFailed"
+        message = (
+            f"the operator failed to reconcile this JobQueue ({type(exc).__name__}; its log "
+            f"has the traceback): its pools are not scaled until a tick succeeds"
+        )
+        if memory.problem != reason:
+            post("Warning", reason, message)
+        memory.problem = reason
+        return {
+            "observedGeneration": generation,
+            "conditions": status.conditions(
+                _all_false(reason, message),
+                previous_status.get("conditions") or [],
+                generation=generation,
+                now=self._wall(),
+            ),
+        }
+
     async def forget(self, namespace: str, name: str) -> None:
         self._memory.pop((namespace, name), None)
         self.metrics.forget(namespace, name)

@@ -17,7 +17,7 @@ piece of the DSN's password): each becomes `***` wherever it stands as a word of
 An application that runs a Worker itself can use them the same way:
 
     handler = logging.StreamHandler()
-    handler.addFilter(PoolRetriesInOneLine())
+    handler.addFilter(PoolRetriesInOneLine(quote=quote_errors))
     handler.setFormatter(venturi.logs.JsonFormatter())
     logging.basicConfig(level=logging.INFO, handlers=[handler])
 """
@@ -25,6 +25,7 @@ An application that runs a Worker itself can use them the same way:
 from __future__ import annotations
 
 import contextlib
+import errno
 import logging
 import re
 import uuid
@@ -213,12 +214,19 @@ class PoolRetriesInOneLine(logging.Filter):
     """asyncpg's pool logs a traceback each time it fails to reconnect its floor connections
     (every 1, 2, 4 ... 60 s while the database is away): during an outage, most of a
     worker's log, on top of the worker's own line that says the database is unavailable and
-    when it is back. This keeps each such record, with its exception in one line."""
+    when it is back. This keeps each such record, with its exception in one line: its class
+    and message, or with `quote=False` its class and errno or SQLSTATE only (the operator's:
+    a server at an address a Secret names may say anything)."""
+
+    def __init__(self, *, quote: bool = True) -> None:
+        super().__init__()
+        self._quote = quote
 
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == "asyncpg.pool" and record.exc_info and record.exc_info[1] is not None:
             exc = record.exc_info[1]
-            record.msg = f"{_message(record)} ({type(exc).__name__}: {exc})"
+            said = error_text(exc) if self._quote else error_class(exc)
+            record.msg = f"{_message(record)} ({said})"
             record.args = None
             record.exc_info = None
             record.exc_text = None
@@ -231,16 +239,18 @@ def configure(
     *,
     redact: Iterable[str] = (),
     json_formatter: type[JsonFormatter] = JsonFormatter,
+    quote_errors: bool = True,
 ) -> logging.Handler:
     """Log to stderr in `format` ("text" or "json") from `level` up, replacing the root
     logger's handlers (a command line's own set-up, done once at start); asyncpg's pool
-    reconnect retries in one line each (`PoolRetriesInOneLine`)."""
+    reconnect retries in one line each (`PoolRetriesInOneLine`, quoting the error's message
+    unless `quote_errors` is False)."""
     if format not in FORMATS:
         raise ValueError(f"log format: expected one of {', '.join(FORMATS)}, got {format!r}")
     if level not in LEVELS:
         raise ValueError(f"log level: expected one of {', '.join(LEVELS)}, got {level!r}")
     handler = logging.StreamHandler()
-    handler.addFilter(PoolRetriesInOneLine())
+    handler.addFilter(PoolRetriesInOneLine(quote=quote_errors))
     handler.setFormatter(
         json_formatter(redact=redact) if format == "json" else TextFormatter(redact=redact)
     )
@@ -251,6 +261,27 @@ def configure(
     root.addHandler(handler)
     root.setLevel(LEVELS[level])
     return handler
+
+
+def error_text(exc: BaseException) -> str:
+    """An exception in one line: its class and message."""
+    return f"{type(exc).__name__}: {exc}"
+
+
+def error_class(exc: BaseException) -> str:
+    """An exception as its class and code (errno or SQLSTATE), never its message, which may
+    quote a DSN, its password, or what some server said."""
+    cause = type(exc).__name__
+    code = getattr(exc, "errno", None)
+    if isinstance(code, int) and code in errno.errorcode:
+        cause += f" {errno.errorcode[code]}"
+    sqlstate = getattr(exc, "sqlstate", None)
+    if isinstance(sqlstate, str) and _SQLSTATE.fullmatch(sqlstate):
+        cause += f" SQLSTATE {sqlstate}"
+    return cause
+
+
+_SQLSTATE = re.compile(r"[0-9A-Z]{5}")
 
 
 def _rfc3339(created: float) -> str:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncpg
 import pytest
 
+from venturi import logs
+from venturi_operator.databases import _connect_error, _connection_lost
 from venturi_operator.dsn import describe, the_database
 
 
@@ -52,3 +55,36 @@ def test_an_ambiguous_dsn_is_never_repeated(dsn: str) -> None:
     assert describe(dsn) is None
     words = the_database(dsn)
     assert "hush" not in words and "percent-encode" in words
+
+
+@pytest.mark.parametrize(
+    ("error", "lost"),
+    [
+        (ConnectionRefusedError(111, "Connect call failed ('10.0.0.9', 5432)"), True),
+        (TimeoutError(), True),
+        (asyncpg.CannotConnectNowError("the database system is shutting down"), True),
+        (asyncpg.ConnectionDoesNotExistError("connection was closed in the middle"), True),
+        (asyncpg.AdminShutdownError("terminating connection due to administrator command"), True),
+        (asyncpg.InterfaceError("connection is closed"), True),
+        (asyncpg.UndefinedTableError('relation "q_jobs" does not exist'), False),
+        (asyncpg.InsufficientPrivilegeError("permission denied"), False),
+    ],
+)
+def test_a_connection_that_fails_after_it_was_made_is_one_generic_failure(
+    error: Exception, lost: bool
+) -> None:
+    """As when connecting: the status says ConnectionFailed, never the class or the text of
+    what a server at that address answered (a status must not probe the network)."""
+    assert _connection_lost(error) is lost
+    if lost:
+        said = _connect_error("postgresql://app:s3cret@db.internal:5432/app", error)
+        assert said.reason == "ConnectionFailed"
+        assert type(error).__name__ not in str(said) and "s3cret" not in str(said)
+
+
+def test_the_log_names_an_error_by_its_class_and_code_only() -> None:
+    refused = ConnectionRefusedError(111, "Connect call failed ('10.0.0.9', 5432)")
+    assert logs.error_class(refused) == "ConnectionRefusedError ECONNREFUSED"
+    assert logs.error_class(asyncpg.CannotConnectNowError("x")) == (
+        "CannotConnectNowError SQLSTATE 57P03"
+    )

@@ -168,6 +168,52 @@ async def test_scales_from_the_queue_and_reports_it(
         await kube.wait_until(lambda: reconciler.pools_at_zero_for(NS, "mail", "mail"))
 
 
+async def test_a_tick_that_fails_is_a_condition_and_a_warning_not_ready(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug that makes every tick of a JobQueue raise (a ZeroDivisionError in the policy,
+    once) left its status reading Ready from before, with no Event: the pool was no longer
+    scaled and nothing said so but the log."""
+    queue = Queue(store)
+    await queue.enqueue_many(Mail() for _ in range(25))
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=0)
+    kube.jobqueue(NS, "mail", spec(store.prefix))
+    async with operator(kube) as reconciler:
+        await replicas_become(kube, "mailer", 3)
+        await kube.wait_for(
+            JOBQUEUES, NS, "mail", lambda o: condition(o, "Ready").get("status") == "True",
+            timeout=TIMEOUT,
+        )  # fmt: skip
+        broken, failures, thrice = True, [], asyncio.Event()
+        tick = reconciler._tick
+
+        async def failing(*args: Any, **kwargs: Any) -> TickResult:
+            if broken:
+                failures.append(1)
+                if len(failures) >= 3:
+                    thrice.set()
+                raise ZeroDivisionError("float division by zero")
+            return await tick(*args, **kwargs)
+
+        monkeypatch.setattr(reconciler, "_tick", failing)
+        jq = await kube.wait_for(
+            JOBQUEUES, NS, "mail", lambda o: condition(o, "Ready").get("status") == "False",
+            timeout=TIMEOUT,
+        )  # fmt: skip
+        ready = condition(jq, "Ready")
+        assert ready["reason"] == "ReconcileFailed"
+        assert "ZeroDivisionError" in ready["message"] and "division" not in ready["message"]
+        await asyncio.wait_for(thrice.wait(), TIMEOUT)  # failing on: still one Warning
+        warned = [e for e in kube.events(NS, involved="mail") if e["reason"] == "ReconcileFailed"]
+        assert len(warned) == 1 and warned[0]["type"] == "Warning"
+        broken = False
+        await kube.wait_for(
+            JOBQUEUES, NS, "mail", lambda o: condition(o, "Ready").get("status") == "True",
+            timeout=TIMEOUT,
+        )  # fmt: skip
+
+
 async def test_pools_by_queue_scale_from_their_own_queues_jobs(
     kube: KubeHarness, store: PostgresStore, pg_dsn: str
 ) -> None:

@@ -693,13 +693,41 @@ def histories(draw: st.DrawFn) -> History:
         st.lists(st.builds(Recommendation, at=times, replicas=st.integers(0, 60)), max_size=8)
     )
     events = st.lists(st.builds(ScaleEvent, at=times, change=st.integers(1, 20)), max_size=4)
+    # What the pool was seen to do, edges included: no slot-seconds held though jobs finished
+    # (jobs that start and finish between two ticks), no time observed, a start-up under way.
+    amounts = st.sampled_from([0.0, 1e-9, 0.5, 4.0]) | st.floats(0, 1e5)
+    spans = st.sampled_from([0.0, 1e-9, 15.0]) | st.floats(0, 600)
     return History(
         started_at=NOW - 3600,
         last_active=draw(st.none() | times),
         recommendations=tuple(sorted(recommendations, key=lambda r: r.at)),
         scale_ups=tuple(draw(events)),
         scale_downs=tuple(draw(events)),
+        arrived=draw(amounts),
+        arrival_span=draw(spans),
+        arrived_slow=draw(amounts),
+        arrival_span_slow=draw(spans),
+        bursts=tuple(sorted(draw(st.lists(times, max_size=3)))),
+        held=draw(amounts),
+        finished=draw(amounts),
+        finished_seen=draw(st.integers(0, 10_000)),
+        startup_seconds=draw(st.none() | st.sampled_from([0.0, 15.0]) | st.floats(0, 600)),
+        starting=draw(st.none() | st.tuples(times, st.integers(1, 60))),
     )
+
+
+def test_jobs_that_finish_between_ticks_read_as_short_not_as_no_time() -> None:
+    """The held time is sampled at ticks: a pool whose jobs start and finish between two
+    ticks holds none, though many finished. A service time of 0 divided the slots' rate by
+    zero, and every tick of the pool failed."""
+    seen = History(
+        started_at=NOW - 3600, held=0.0, finished=10.0, finished_seen=100,
+        arrived=30.0, arrival_span=60.0,
+    )  # fmt: skip
+    assert seen.service_seconds is not None and seen.service_seconds > 0
+    decision = decide(load(pending=100), pool(), seen, NOW, current=1)
+    assert decision.replicas == 1  # short jobs: one replica clears the queue at once
+    assert decide(load(pending=100), pool(), seen, NOW, current=0).replicas == 1
 
 
 PROPERTY = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -243,6 +243,11 @@ def test_the_pool_s_reconnect_retries_are_one_line_each(
         "WARNING venturi.worker:" in lines[2] and lines[3] == "Traceback (most recent call last):"
     )
     assert not any("Traceback" in line for line in lines[:2])
+    # The operator's: the class and the code, not what the server said.
+    logs.configure("text", "info", quote_errors=False)
+    _log_with_traceback("asyncpg.pool", refused)
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.endswith("retrying (ConnectionRefusedError ECONNREFUSED)")
 
 
 WHERE = "127.0.0.1:5432/app"
