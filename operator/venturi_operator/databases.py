@@ -26,6 +26,9 @@ from venturi_operator.dsn import ENCODING_HINT, the_database
 
 logger = logging.getLogger(__name__)
 
+QUEUE_NOTICE = "!queue "
+"""How a pause or resume of a queue is announced on its jobs channel (by `Queue.pause`)."""
+
 RELISTEN_DELAY_MAX = 30.0
 """Seconds; cap on the wait before re-establishing a lost LISTEN connection."""
 
@@ -271,12 +274,20 @@ class Databases:
                 for callback in list(self._watchers.get((dsn, prefix), {}).values()):
                     callback(kind)
 
+            def control(prefix: str, payload: str) -> None:
+                # A queue paused or resumed: its held jobs stop or start being demand, for
+                # any pool (the notice names the queue, not a kind).
+                if payload.startswith(QUEUE_NOTICE):
+                    notified(prefix, "")
+
             try:
                 store = await self._store(dsn)
                 if not store.can_listen:  # behind a transaction pooler: ticks on interval only
                     logger.info("not listening on %s: pooler=transaction", the_database(dsn))
                     return
-                async with store.listen_queues(prefixes, notified, lost.set) as listening:
+                async with store.listen_queues(
+                    prefixes, notified, lost.set, on_control=control
+                ) as listening:
                     delay = 0.5
                     for prefix in prefixes:
                         notified(prefix, "")  # anything sent while not listening was missed

@@ -100,14 +100,13 @@ class Reconciler:
         self._memory: dict[tuple[str, str], _Memory] = {}
 
     def pools_at_zero_for(self, namespace: str, name: str, kind: str) -> bool:
-        """True if the pool serving `kind` (any pool, for an empty kind) was at zero."""
+        """True if a pool that may serve `kind` (any pool, for an empty kind) was at zero."""
         memory = self._memory.get((namespace, name))
         if memory is None or memory.spec is None:
             return False
         if not kind:
             return any(n == 0 for n in memory.replicas.values())
-        pool = memory.spec.pool_for(kind)
-        return pool is not None and memory.replicas.get(pool.deployment) == 0
+        return any(memory.replicas.get(p.deployment) == 0 for p in memory.spec.pools_taking(kind))
 
     def wake_delay(self, namespace: str, name: str, kind: str) -> float | None:
         """Seconds until a NOTIFY for `kind` (any pool, for an empty kind) should tick this
@@ -116,8 +115,9 @@ class Reconciler:
         if memory is None or memory.spec is None:
             return None
         if kind:
-            pool = memory.spec.pool_for(kind)
-            pools = [pool] if pool is not None else []
+            # The NOTIFY does not say the job's queue: every pool that may take the kind (a
+            # tick for a pool the job is not for finds nothing new, and costs one read).
+            pools = memory.spec.pools_taking(kind)
             # A kind no worker of the pool takes, in any queue: the tick would find nothing to do.
             pools = [
                 p

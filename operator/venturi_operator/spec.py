@@ -265,6 +265,11 @@ class JobQueueSpec:
             for other in self.pools[:i]:
                 _check_disjoint(i, pool, other)
 
+    def pools_taking(self, kind: str) -> list[PoolSpec]:
+        """The pools that may serve jobs of ``kind`` in some queue (a job's NOTIFY names its
+        kind, not its queue: each of these may be the one it is for)."""
+        return [p for p in self.pools if p.kinds is None or kind in p.kinds]
+
     def pool_for(self, kind: str, queue: str = DEFAULT_QUEUE) -> PoolSpec | None:
         """The pool serving jobs of ``kind`` in ``queue``, or None. The most specific pool
         wins: one naming the queue and the kind, then one naming the queue (every kind of

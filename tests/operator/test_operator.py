@@ -361,6 +361,59 @@ async def test_a_job_wakes_a_pool_at_zero_without_waiting_for_the_interval(
         assert loop.time() - began < TIMEOUT
 
 
+async def test_a_job_wakes_a_pool_by_queue_at_zero_without_waiting_for_the_interval(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    """A job's NOTIFY names its kind, not its queue: a pool that serves queue "high" only
+    waited for its interval (the wake looked up the pool of the kind in the default queue)."""
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "urgent", "mail", replicas=0)
+    body = {**spec(store.prefix, deployment="urgent", queues=["high"]), "interval": 3600}
+    kube.jobqueue(NS, "mail", body)
+    async with operator(kube) as reconciler:
+        await kube.wait_for(
+            JOBQUEUES, NS, "mail", lambda o: condition(o, "Ready").get("status") == "True",
+            timeout=TIMEOUT,
+        )  # fmt: skip
+        # The pool is at zero: a NOTIFY for its kind ticks at once.
+        assert reconciler.pools_at_zero_for(NS, "mail", "mail")
+        assert reconciler.wake_delay(NS, "mail", "mail") == 0
+        await Queue(store, queue="high").enqueue(Mail())
+        await replicas_become(kube, "urgent", 1)
+
+
+async def test_resuming_a_queue_wakes_its_pool_at_zero_without_waiting_for_the_interval(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A paused queue's jobs are not demand; its resume is announced on the jobs channel,
+    which the operator heard only for jobs: the pool waited for its interval."""
+    queue = Queue(store)
+    await queue.pause("default")
+    await queue.enqueue_many(Mail() for _ in range(5))
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=0)
+    kube.jobqueue(NS, "mail", {**spec(store.prefix), "interval": 3600})
+    async with operator(kube) as reconciler:
+        await kube.wait_for(
+            JOBQUEUES, NS, "mail", lambda o: condition(o, "Ready").get("status") == "True",
+            timeout=TIMEOUT,
+        )  # fmt: skip
+        assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 0  # paused: no demand
+        woken = asyncio.Event()
+        wake_delay = reconciler.wake_delay
+
+        def watched(namespace: str, name: str, kind: str) -> float | None:
+            delay = wake_delay(namespace, name, kind)
+            if kind == "" and delay == 0:
+                woken.set()
+            return delay
+
+        monkeypatch.setattr(reconciler, "wake_delay", watched)
+        await queue.resume("default")
+        await asyncio.wait_for(woken.wait(), TIMEOUT)  # the notice, not the hourly interval
+        await replicas_become(kube, "mailer", 1)
+
+
 async def test_a_burst_wakes_a_running_pool_without_waiting_for_the_interval(
     kube: KubeHarness, store: PostgresStore, pg_dsn: str
 ) -> None:
