@@ -376,6 +376,9 @@ class Reconciler:
                 },
                 "unservedKinds": unrouted,
             }
+            # The status is written as a merge patch, which keeps a map's keys it does not
+            # name: a kind no longer pending would stay listed with its old count.
+            body["stats"] = status.dropping_gone_keys(body["stats"], previous_status.get("stats"))
         elif isinstance(previous_status.get("stats"), Mapping):
             body["stats"] = dict(previous_status["stats"])  # keep the last good figures
         self.metrics.update(

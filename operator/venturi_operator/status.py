@@ -66,3 +66,17 @@ def _time(t: datetime) -> str:
 def timestamp(t: datetime) -> str:
     """RFC 3339 in UTC, second precision, as Kubernetes writes times."""
     return _time(t)
+
+
+def dropping_gone_keys(new: Mapping[str, Any], previous: object) -> dict[str, Any]:
+    """`new` with, in each of its maps, the keys `previous` had and `new` has not set to None:
+    in a JSON merge patch (how the status is written) None deletes a key, and a key left
+    out is kept."""
+    out = dict(new)
+    if not isinstance(previous, Mapping):
+        return out
+    for field, value in new.items():
+        before = previous.get(field)
+        if isinstance(value, Mapping) and isinstance(before, Mapping):
+            out[field] = {**{k: None for k in before if k not in value}, **value}
+    return out

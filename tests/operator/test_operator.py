@@ -164,6 +164,12 @@ async def test_scales_from_the_queue_and_reports_it(
         # Work drains (the test deletes the jobs, as finishing workers would): back to zero.
         await store._pool.execute(f"DELETE FROM {store.prefix}_jobs WHERE kind = 'mail'")
         await replicas_become(kube, "mailer", 0)
+        # Written as a merge patch, the maps by kind dropped no kind: "mail" stayed at 25.
+        await kube.wait_for(
+            JOBQUEUES, NS, "mail",
+            lambda o: o["status"]["stats"]["pendingByKind"] == {"report": 7},
+            timeout=TIMEOUT,
+        )  # fmt: skip
         # The operator remembers the pool is at zero (that is what a NOTIFY wakes up).
         await kube.wait_until(lambda: reconciler.pools_at_zero_for(NS, "mail", "mail"))
 
