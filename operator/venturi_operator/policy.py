@@ -203,6 +203,9 @@ MIN_FINISHED = 4.0
 #: jobs that start and finish between two ticks add none, and a pool of such jobs reads 0 (a
 #: slot of it would serve jobs without end).
 MIN_SERVICE_SECONDS = 0.01
+#: Seconds of arrivals observed before a rate is read from them (two ticks a few milliseconds
+#: apart, a NOTIFY's and the interval's, say a rate of nothing but noise, or of infinity).
+MIN_RATE_SPAN = 1.0
 SERVICE_EVIDENCE = 2.0
 #: ... unless this many have been seen finish already.
 ENOUGH_FINISHED = 50
@@ -534,14 +537,14 @@ class History:
     @property
     def arrival_rate(self) -> float | None:
         """Jobs per second becoming eligible; None before two ticks saw the counts."""
-        return self.arrived / self.arrival_span if self.arrival_span > 0 else None
+        return self.arrived / self.arrival_span if self.arrival_span >= MIN_RATE_SPAN else None
 
     @property
     def arrival_trend(self) -> float:
         """How fast the arrival rate changes, in jobs/s per second (0 until seen): each average
         lags its time constant behind a ramp, so their difference is the ramp's slope times the
         difference of the time constants."""
-        if self.arrival_span <= 0 or self.arrival_span_slow <= 0:
+        if self.arrival_span < MIN_RATE_SPAN or self.arrival_span_slow < MIN_RATE_SPAN:
             return 0.0
         fast = self.arrived / self.arrival_span
         slow = self.arrived_slow / self.arrival_span_slow
@@ -859,7 +862,8 @@ def _recommend(
 
         # The rate is an estimate from a minute or so of arrivals: a scale-in also needs the
         # pool to be too big for the rate's upper bound (Poisson counts), not only for the rate.
-        error = math.sqrt(history.arrived) / history.arrival_span if history.arrival_span else 0.0
+        span = history.arrival_span
+        error = math.sqrt(history.arrived) / span if span >= MIN_RATE_SPAN else 0.0
         up, target = need(SPARE_UP), need(SPARE_TARGET)
         down = need(SPARE_DOWN, ESTIMATE_SIGMAS * error * service)
         target = max(target, math.ceil(load.claimed / k))

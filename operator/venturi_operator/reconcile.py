@@ -626,14 +626,15 @@ class Reconciler:
             if await self._unfence(namespace, dsn, prefix, surplus):
                 for pod in surplus:
                     fences.pop(pod, None)
-        elif leaving > len(fenced) and fencing:
-            # Safe to remove: the fenced pods, and pods not listed (not created yet, or gone:
-            # they hold nothing). Every other pod stays.
-            floor = current - len(fenced) - max(current - len(pods), 0)
-            busy = scalein.busy_pods(costs)
-            if floor > current - leaving:
-                decision = decide(busy, max(floor - busy, 0))
         costs |= dict.fromkeys(fenced, scalein.FENCED_COST)
+        # Safe to remove: the pods the ReplicaSet takes before any other (the fenced ones; or,
+        # without fences, the idle ones), and pods not listed (not created yet, or gone: they
+        # hold nothing). A busy pod that is not ready would go before them all.
+        spare = fenced if fencing else [pod for pod, cost in costs.items() if cost <= 0]
+        safe = scalein.takes_only(spare, costs, unready=unready) + max(current - len(pods), 0)
+        if leaving > safe:
+            busy = scalein.busy_pods(costs)
+            decision = decide(busy, max(current - safe - busy, 0))
         try:
             annotated = {name: pod.cost for name, pod in pods.items()}
             for name, cost in scalein.stale_costs(annotated, costs).items():

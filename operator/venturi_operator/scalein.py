@@ -33,6 +33,7 @@ __all__ = [
     "deletion_costs",
     "stale_costs",
     "still_idle",
+    "takes_only",
     "victims",
 ]
 
@@ -74,6 +75,22 @@ def victims(costs: Mapping[str, int], leaving: int, *, unready: Collection[str] 
     fixed order makes a tick repeatable). Never more than there are idle pods."""
     idle = sorted((pod not in unready, pod) for pod, cost in costs.items() if cost == 0)
     return [pod for _, pod in idle[: max(leaving, 0)]]
+
+
+def takes_only(
+    spare: Collection[str], costs: Mapping[str, int], *, unready: Collection[str] = ()
+) -> int:
+    """How many pods a scale-in may take so that the ReplicaSet, in its order (not-ready pods
+    first, then by cost: `costs` as they will be set), takes only pods of `spare`: the count of
+    them before the first other pod. A busy pod that is not ready goes before every ready
+    pod, fenced or not, so while one is listed only the spare pods not ready may go."""
+    order = sorted(costs, key=lambda pod: (pod not in unready, costs[pod], pod not in spare))
+    taken = 0
+    for pod in order:
+        if pod not in spare:
+            break
+        taken += 1
+    return taken
 
 
 def still_idle(chosen: Iterable[str], claimed: Mapping[str, int]) -> tuple[list[str], list[str]]:

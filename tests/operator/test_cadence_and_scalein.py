@@ -9,6 +9,7 @@ from venturi_operator.scalein import (
     deletion_costs,
     stale_costs,
     still_idle,
+    takes_only,
     victims,
 )
 
@@ -59,3 +60,18 @@ def test_a_victim_that_claimed_before_its_fence_is_kept() -> None:
     assert still_idle(["a", "c", "d"], {"c": 1, "b": 4}) == (["a", "d"], ["c"])
     assert still_idle([], {"c": 1}) == ([], [])
     assert FENCED_COST < 0  # below an idle pod's 0: the ReplicaSet takes the fenced pods
+
+
+def test_a_scale_in_takes_only_pods_the_replicaset_would_take_first() -> None:
+    """The ReplicaSet deletes pods that are not ready first, whatever their cost: a busy pod
+    not ready goes before every ready pod, fenced (cost -1) or not."""
+    costs = {"a": -1, "b": -1, "c": 0, "d": 4}
+    assert takes_only(["a", "b"], costs) == 2  # all ready: the fenced pods go first
+    assert takes_only(["a", "b"], costs, unready={"a"}) == 2  # a first, then b (cost -1)
+    assert takes_only(["a", "b"], costs, unready={"d"}) == 0  # d (busy, not ready) first
+    assert takes_only(["a", "b"], costs, unready={"a", "d"}) == 1  # a, then d: not b
+    assert takes_only(["a", "b"], costs, unready={"c"}) == 0  # c (idle, unfenced) first
+    # Without fences: the idle pods (cost 0), while no busy pod is not ready.
+    plain = {"a": 0, "b": 0, "d": 4}
+    assert takes_only(["a", "b"], plain) == 2
+    assert takes_only(["a", "b"], plain, unready={"d"}) == 0

@@ -953,6 +953,42 @@ async def test_a_scale_in_marks_idle_pods_and_spares_busy_ones(
         await until_fenced(store, [])
 
 
+async def test_a_busy_pod_that_is_not_ready_holds_back_a_scale_in(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    """The ReplicaSet deletes pods that are not ready before any other, whatever their cost:
+    with busy mailer-a not ready, a scale-in by the fenced idle mailer-b would take mailer-a
+    and interrupt its jobs. The operator keeps both."""
+    await Queue(store).enqueue_many(Mail() for _ in range(2))
+    await claim_for(store, "mailer-a", 2)
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=2)
+    kube.pod(NS, "mailer-a", labels={"app": "mailer"})  # no Ready condition: not ready
+    kube.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": "mailer-b", "namespace": NS, "labels": {"app": "mailer"}},
+            "spec": {"containers": [{"name": "worker", "image": "venturi-worker:test"}]},
+            "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": "True"}]},
+        }
+    )
+    kube.jobqueue(NS, "mail", spec(store.prefix))  # 2 claimed at 10 a replica: 1 is enough
+    async with operator(kube):
+        jq = await kube.wait_for(
+            JOBQUEUES, NS, "mail",
+            lambda o: (o.get("status", {}).get("pools") or [{}])[0].get("reason")
+            == "BusyPodsSpared",
+            timeout=TIMEOUT,
+        )  # fmt: skip
+        assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 2, jq["status"]
+        costs = {
+            p: kube.get(PODS, NS, p)["metadata"].get("annotations", {}).get(COST)
+            for p in ("mailer-a", "mailer-b")
+        }
+        assert costs["mailer-a"] == "2"
+
+
 async def claim_first_in(pg_dsn: str, prefix: str, pod: str) -> None:
     """Claim a pending job for `pod` on a connection of the caller's event loop (the
     operator's, inside a wrapped call of it)."""
