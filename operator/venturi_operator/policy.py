@@ -203,9 +203,9 @@ MIN_FINISHED = 4.0
 #: jobs that start and finish between two ticks add none, and a pool of such jobs reads 0 (a
 #: slot of it would serve jobs without end).
 MIN_SERVICE_SECONDS = 0.01
-#: Seconds of arrivals observed before a rate is read from them (two ticks a few milliseconds
-#: apart, a NOTIFY's and the interval's, say a rate of nothing but noise, or of infinity).
-MIN_RATE_SPAN = 1.0
+#: Seconds of arrivals observed before a rate is read from them: a span of next to nothing
+#: (two ticks at one instant) would read a rate of infinity.
+MIN_RATE_SPAN = 1e-3
 SERVICE_EVIDENCE = 2.0
 #: ... unless this many have been seen finish already.
 ENOUGH_FINISHED = 50
