@@ -1174,8 +1174,10 @@ class PostgresStore:
         self, job_id: ULID | uuid.UUID, codec: Codec = DEFAULT_CODEC
     ) -> Job | None:
         """`job_id` once it has finished (completed or dead), or None if there is no such job.
-        Waits on the results channel, never polls (bound it with `asyncio.timeout`); holds
-        one pool connection, listening, while it waits."""
+        Waits on the results channel (bound it with `asyncio.timeout`), holding one pool
+        connection, listening, while it waits; through a transaction pooler, a connection of
+        its own to `listen_dsn`, or without one it looks at the job, reading only, every
+        `RESULT_POLL_FIRST` s, doubling up to `RESULT_POLL_MAX`."""
         key = _as_uuid(job_id)
         if not self.can_listen:
             # Through a transaction pooler without a listen_dsn: LISTEN would not hold.

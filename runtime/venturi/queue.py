@@ -542,7 +542,7 @@ class Queue:
         """Wait until the job finishes and return its result (`Outcome.completed(result=...)`,
         None if it returned none), without polling: the settle that finishes an awaited job
         notifies (see `PostgresStore.wait_finished`, which holds one pool connection while
-        it waits).
+        it waits; behind a transaction pooler without `listen_dsn` it looks at the job).
 
         Raises `TimeoutError` after `timeout` (seconds, or a timedelta) if it has not
         finished, `JobFailed` if it failed for good (dead), `JobStateError` if it was
