@@ -37,7 +37,7 @@ from typing import Any
 from ulid import ULID
 
 from venturi import _current, logs
-from venturi._db.failures import describe
+from venturi._db.failures import breaks_connection, describe, is_database_failure
 from venturi.backoff import Seconds, to_seconds
 from venturi.context import Context
 from venturi.middleware import CallNext, Middleware
@@ -52,6 +52,9 @@ DEFAULT_RELEASE_AFTER = 5.0
 """Seconds a job that would overlap waits before it tries again."""
 KEY_MAX_CHARS = 1000
 """Longest key: keys are index entries, not payloads."""
+OUTAGE_RETRY_S = 1.0
+"""Seconds a job is put back when the database cannot be asked for its key or its window (a
+connection lost, a server restarting): an outage uses no attempt, as a wait does not."""
 
 
 def without_overlapping(key: Key, *, release_after: Seconds = DEFAULT_RELEASE_AFTER) -> Middleware:
@@ -73,7 +76,12 @@ def without_overlapping(key: Key, *, release_after: Seconds = DEFAULT_RELEASE_AF
             return await call_next()
         run = _current.current("without_overlapping")
         job = run.job
-        holder = await run.store.lock_take(k, job.id, job.claim_token)
+        try:
+            holder = await run.store.lock_take(k, job.id, job.claim_token)
+        except Exception as exc:
+            # Taken with its reply lost is harmless: the key frees itself with this run's
+            # claim token, which the put-back clears.
+            return _put_back(exc, f"key {k!r}")
         if holder is not None:
             return Outcome.pause_in(
                 wait, note=f"overlaps job {ULID.from_bytes(holder.bytes)} on key {k!r}"
@@ -113,7 +121,10 @@ def rate_limited(key: Key, max: int, per: Seconds) -> Middleware:
         if k is None:
             return await call_next()
         run = _current.current("rate_limited")
-        taken, reopens_in_s = await run.store.rate_take(k, max, per_s)
+        try:
+            taken, reopens_in_s = await run.store.rate_take(k, max, per_s)
+        except Exception as exc:  # a start taken with its reply lost is one start unused
+            return _put_back(exc, f"rate limit {k!r}")
         if not taken:
             return Outcome.pause_in(
                 reopens_in_s,
@@ -123,6 +134,16 @@ def rate_limited(key: Key, max: int, per: Seconds) -> Middleware:
         return await call_next()
 
     return rate_limited_mw
+
+
+def _put_back(exc: Exception, what: str) -> Outcome:
+    """The job back for `OUTAGE_RETRY_S` when the database could not be asked (no attempt
+    used); any other error is raised, as a handler's would be."""
+    if not (is_database_failure(exc) and breaks_connection(exc)):
+        raise exc
+    return Outcome.pause_in(
+        OUTAGE_RETRY_S, note=f"{what}: the database could not be asked ({describe(exc)})"
+    )
 
 
 def _key_function(key: Key, what: str) -> Callable[[Any], str | None]:

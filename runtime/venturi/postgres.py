@@ -32,7 +32,7 @@ from ulid import ULID
 from venturi import _dsn
 from venturi._db import sql
 from venturi._db.batches import Batches
-from venturi._db.failures import breaks_connection
+from venturi._db.failures import breaks_connection, is_database_failure
 from venturi._db.leadership import Leadership
 from venturi._db.registry import Registry
 from venturi._db.run import CallersConnection, Pooled, Runner, detached, release
@@ -608,6 +608,11 @@ class PostgresStore:
         args = stmt.args(values)
         pool = self._pool_or_raise()
         async with self._held_lock:
+            if self._held is not None and (detached(self._held) or self._held.is_closed()):
+                # Closed while kept (a server restart): as the pool does for its idle ones,
+                # a fresh connection, not an error for this enqueue.
+                kept, self._held = self._held, None
+                await release(pool, kept)
             if self._held is None:
                 self._held = await pool.acquire()
             try:
@@ -621,7 +626,8 @@ class PostgresStore:
                 # (the pool opens a fresh one when needed). The caller sees the error, as
                 # with any failed enqueue; nothing is retried behind its back.
                 held, self._held = self._held, None
-                held.terminate()
+                if not detached(held):  # the pool may have taken it back already
+                    held.terminate()
                 await release(pool, held)
                 raise
 
@@ -1182,24 +1188,49 @@ class PostgresStore:
         if not self.can_listen:
             # Through a transaction pooler without a listen_dsn: LISTEN would not hold.
             delay = RESULT_POLL_FIRST
-            while await self._run.fetchval(self._q["job_unfinished"], id=key) is not None:
+            while True:
+                try:
+                    if await self._run.fetchval(self._q["job_unfinished"], id=key) is None:
+                        return await self.get_job(key, codec)
+                except Exception as exc:  # an outage: look again once it answers
+                    if not is_database_failure(exc):
+                        raise
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, RESULT_POLL_MAX)
-            return await self.get_job(key, codec)
         done = asyncio.Event()
 
         def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
             if payload == str(key):
                 done.set()
 
-        async with self._listening_connection() as conn:
-            await conn.add_listener(self.results_channel, notified)
+        delay = RESULT_POLL_FIRST
+        while not done.is_set():
+            lost = asyncio.Event()
             try:
-                stmt = self._q["job_await"]
-                if await conn.fetchval(stmt.text, *stmt.args({"id": key})) is not None:
-                    await done.wait()
-            finally:
-                await conn.remove_listener(self.results_channel, notified)
+                async with self._listening_connection() as conn:
+
+                    def on_lost(_conn: object, lost: asyncio.Event = lost) -> None:
+                        lost.set()
+
+                    conn.add_termination_listener(on_lost)
+                    await conn.add_listener(self.results_channel, notified)
+                    try:
+                        stmt = self._q["job_await"]
+                        if await conn.fetchval(stmt.text, *stmt.args({"id": key})) is None:
+                            break  # finished (or no such job)
+                        await _first_of(done, lost)
+                    finally:
+                        if not detached(conn) and not conn.is_closed():
+                            conn.remove_termination_listener(on_lost)
+                            await conn.remove_listener(self.results_channel, notified)
+            except Exception as exc:
+                if not is_database_failure(exc):
+                    raise
+            if not done.is_set():
+                # The connection went away (an outage, a restart): listen again, and look
+                # again, once the database answers; the caller's timeout bounds it all.
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RESULT_POLL_MAX)
         return await self.get_job(key, codec)
 
     @asynccontextmanager
@@ -1207,8 +1238,12 @@ class PostgresStore:
         """A connection that may LISTEN: one of the pool's, or, through a transaction
         pooler, a direct one to `listen_dsn` of its own (closed after)."""
         if self._pooler == "none":
-            async with self._pool_or_raise().acquire() as conn:
-                yield conn
+            pool = self._pool_or_raise()
+            pooled = await pool.acquire()
+            try:
+                yield pooled
+            finally:
+                await release(pool, pooled)  # one that died meanwhile is dropped
             return
         assert self._connect_args is not None  # can_listen
         dsn, options = self._direct_connect_args("result")
@@ -1725,3 +1760,13 @@ def _as_uuid(job_id: ULID | uuid.UUID) -> uuid.UUID:
     if isinstance(job_id, ULID):
         return job_id.to_uuid()
     return job_id
+
+
+async def _first_of(*events: asyncio.Event) -> None:
+    """Wait until any of `events` is set."""
+    waiters = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waiters:
+            w.cancel()

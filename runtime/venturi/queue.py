@@ -551,8 +551,13 @@ class Queue:
         """
         job_id = _ulid(job_id, "job id")
         wait = to_seconds(timeout, name="result(timeout)")
-        async with asyncio.timeout(wait):
-            job = await self.store.wait_finished(job_id, self.codec)
+        try:
+            async with asyncio.timeout(wait):
+                job = await self.store.wait_finished(job_id, self.codec)
+        except TimeoutError:
+            raise TimeoutError(
+                f"result({job_id}): the job did not finish within {wait:g}s"
+            ) from None
         if job is None:
             raise LookupError(f"result({job_id}): no such job")
         if job.status is JobStatus.DEAD:

@@ -17,7 +17,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from venturi import PostgresStore, Queue
+from tests.runtime.helpers import running
+from venturi import Context, Outcome, PostgresStore, Queue, Worker
 from venturi.embedded import EmbeddedPostgres
 
 from .conftest import SOAK
@@ -169,3 +170,68 @@ async def test_an_outage_longer_than_the_lease_keeps_what_the_worker_finished(
     assert len(runs) == 4 and all(r.end is not None for r in runs)  # each ran once, to its end
     assert [(j["status"], j["run_count"], j["failures"]) for j in jobs] == [("completed", 1, 0)] * 4
     assert all([e["outcome"] for e in es] == ["completed"] for es in journal.values())
+
+
+@pytest.mark.parametrize("mode", ["fast", "immediate"])
+async def test_the_first_enqueue_after_a_restart_succeeds(
+    restartable_pg: EmbeddedPostgres, mode: str
+) -> None:
+    """A store keeps a connection for single enqueues; the server's restart closes it while
+    kept. The first enqueue after the restart raised (`InterfaceError: cannot call
+    Connection.terminate(): connection has been released back to the pool`) though the
+    server was back: it takes a fresh connection, as the pool does for its idle ones."""
+    pg = restartable_pg
+    prefix = f"r{next(_prefixes)}_{uuid.uuid4().hex[:8]}"
+    async with await PostgresStore.connect(pg.dsn, prefix=prefix) as store:
+        await store.migrate()
+        queue = Queue(store)
+        await queue.enqueue(Work(0, 1))  # the kept connection is made
+        await asyncio.to_thread(pg.halt, mode)
+        await asyncio.to_thread(pg.launch)
+        after = [await queue.enqueue(Work(i, 1)) for i in range(1, 4)]
+        assert len(set(after)) == 3
+        assert await queue.pending() == 4
+
+
+@pytest.mark.parametrize("cut", ["restart", "terminate"])
+async def test_a_result_awaited_through_a_lost_connection_still_comes(
+    restartable_pg: EmbeddedPostgres, cut: str
+) -> None:
+    """`queue.result()` listens on a connection; when that connection went away (a server
+    restart, its backend terminated) it waited out its whole timeout for a job that had
+    finished, then raised asyncpg's InterfaceError. It listens again, and looks again."""
+    pg = restartable_pg
+    prefix = f"r{next(_prefixes)}_{uuid.uuid4().hex[:8]}"
+    async with await PostgresStore.connect(pg.dsn, prefix=prefix) as store:
+        await store.migrate()
+        queue = Queue(store)
+        job_id = await queue.enqueue(Work(0, 1))
+        waiting = asyncio.create_task(queue.result(job_id, timeout=60))
+
+        async def listening() -> bool:
+            n: int = await fetchval(
+                pg.dsn,
+                "SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'LISTEN %results%'"
+                " OR query LIKE 'UPDATE%awaited%'",
+            )
+            return n > 0
+
+        await wait_until(listening, 30, "result() listening")
+        if cut == "restart":
+            await asyncio.to_thread(pg.halt, "fast")
+            await asyncio.to_thread(pg.launch)
+        else:
+            await fetchval(
+                pg.dsn,
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                "WHERE query LIKE 'LISTEN %results%' OR query LIKE 'UPDATE%awaited%'",
+            )
+        assert not waiting.done()
+
+        async def handle(task: Work, ctx: Context[None], app: None) -> Outcome:
+            return Outcome.completed(result={"n": task.n})
+
+        worker: Worker[None] = Worker(None, store, concurrency=1)
+        worker.register(Work, handle)
+        async with running(worker):  # the job finishes after the cut
+            assert await asyncio.wait_for(waiting, 60) == {"n": 0}

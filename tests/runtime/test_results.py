@@ -84,7 +84,9 @@ async def test_no_result_is_none(store: PostgresStore, queue: Queue) -> None:
 
 async def test_waiting_times_out(queue: Queue) -> None:
     job_id = await queue.enqueue(Compute(1))  # no worker runs it
-    with pytest.raises(TimeoutError):
+    with pytest.raises(
+        TimeoutError, match=rf"result\({job_id}\): the job did not finish within 0.2s"
+    ):
         await queue.result(job_id, timeout=0.2)
     with pytest.raises(LookupError, match="no such job"):
         await queue.result(ULID(), timeout=1)
