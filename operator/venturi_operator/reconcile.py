@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
@@ -154,24 +154,48 @@ class Reconciler:
         condition false with reason ReconcileFailed, and a Warning when that is new, so that
         a JobQueue no longer scaled does not keep reading Ready. Names the exception's class
         only (its text could hold anything)."""
-        memory = self._memory.setdefault((namespace, name), _Memory())
-        reason = "ReconcileFailed"
         message = (
             f"the operator failed to reconcile this JobQueue ({type(exc).__name__}; its log "
             f"has the traceback): its pools are not scaled until a tick succeeds"
         )
-        if memory.problem != reason:
-            post("Warning", reason, message)
-        memory.problem = reason
-        return {
-            "observedGeneration": generation,
-            "conditions": status.conditions(
-                _all_false(reason, message),
-                previous_status.get("conditions") or [],
-                generation=generation,
-                now=self._wall(),
-            ),
-        }
+        return self._finish(
+            (namespace, name),
+            _all_false("ReconcileFailed", message),
+            {},
+            previous_status.get("conditions") or [],
+            generation,
+            self._wall(),
+            post,
+            count=False,  # the daemon counts it (reason "Exception")
+        )
+
+    def _finish(
+        self,
+        key: tuple[str, str],
+        conds: list[status.Condition],
+        body: dict[str, Any],
+        previous_conditions: Sequence[Mapping[str, Any]] | None,
+        generation: int,
+        now_wall: datetime,
+        post: EventSink,
+        *,
+        count: bool = True,
+    ) -> dict[str, Any]:
+        """`body` with the tick's conditions; a Warning when the reason the JobQueue is not
+        Ready is new, and (`count`) the reconcile error counted."""
+        memory = self._memory.setdefault(key, _Memory())
+        ready = next(c for c in conds if c.type == "Ready")
+        problem = None if ready.ok else ready.reason
+        if problem is not None and problem != memory.problem:
+            post("Warning", ready.reason, ready.message)
+        if problem is not None and count:
+            self.metrics.reconcile_errors.labels(*key, ready.reason).inc()
+        memory.problem = problem
+        body["observedGeneration"] = generation
+        body["conditions"] = status.conditions(
+            conds, previous_conditions, generation=generation, now=now_wall
+        )
+        return body
 
     async def forget(self, namespace: str, name: str) -> None:
         self._memory.pop((namespace, name), None)
@@ -215,19 +239,9 @@ class Reconciler:
         previous_conditions = previous_status.get("conditions") or []
 
         def finish(conds: list[status.Condition], body: dict[str, Any]) -> dict[str, Any]:
-            ready = next(c for c in conds if c.type == "Ready")
-            problem = None if ready.ok else ready.reason
-            if problem is not None and problem != memory.problem:
-                post("Warning", ready.reason, ready.message)
-                self.metrics.reconcile_errors.labels(namespace, name, ready.reason).inc()
-            elif problem is not None:
-                self.metrics.reconcile_errors.labels(namespace, name, ready.reason).inc()
-            memory.problem = problem
-            body["observedGeneration"] = generation
-            body["conditions"] = status.conditions(
-                conds, previous_conditions, generation=generation, now=now_wall
+            return self._finish(
+                (namespace, name), conds, body, previous_conditions, generation, now_wall, post
             )
-            return body
 
         # 1. The spec (the schema should have caught anything bad; this is the backstop).
         try:

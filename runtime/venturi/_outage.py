@@ -15,16 +15,11 @@ import logging
 import random
 import time
 
-from venturi._db.failures import describe
+from venturi._db.failures import RETRY_MAX, describe
+from venturi._db.failures import next_delay as next_delay  # the loops import it from here
 from venturi._timeouts import wait_for
 
 logger = logging.getLogger("venturi.worker")
-
-RETRY_FIRST = 0.05
-"""Seconds before the first retry of a failed statement."""
-RETRY_MAX = 1.0
-"""Seconds; cap on the wait between retries, so work resumes within about a second of
-the server accepting connections again."""
 
 
 class Outage:
@@ -74,8 +69,3 @@ class Outage:
         the database come back."""
         with contextlib.suppress(TimeoutError):
             await wait_for(self._back.wait(), min(delay, RETRY_MAX) * random.uniform(0.5, 1.0))
-
-
-def next_delay(delay: float) -> float:
-    """The capped exponential backoff between retries."""
-    return min(max(delay, RETRY_FIRST) * 2, RETRY_MAX)

@@ -99,8 +99,9 @@ class KeyRing:
                 continue
             key_id, sep, key = entry.partition("=")
             key_id, key = key_id.strip(), key.strip()
-            if not sep or not key_id or not key or not _KEY_ID.fullmatch(key_id):
-                # Never echoed: a bare key (what `venturi keygen` prints) lands here.
+            if not sep or not key_id or not key:
+                # Never echoed: a bare key (what `venturi keygen` prints) lands here; an id
+                # that is not one is refused by __init__, which does not echo it either.
                 raise ValueError(
                     f"KeyRing: {source}: entry {n} is not id=base64key (a bare key? name it: "
                     "k1=KEY; an id is 1-64 letters, digits or _ . -)"

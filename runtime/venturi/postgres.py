@@ -32,7 +32,7 @@ from ulid import ULID
 from venturi import _dsn
 from venturi._db import sql
 from venturi._db.batches import Batches
-from venturi._db.failures import breaks_connection, is_database_failure
+from venturi._db.failures import RETRY_FIRST, breaks_connection, is_database_failure, next_delay
 from venturi._db.leadership import Leadership
 from venturi._db.registry import Registry
 from venturi._db.run import CallersConnection, Pooled, Runner, detached, release
@@ -80,11 +80,6 @@ PRUNE_INTERVAL_S = 60.0
 
 CLOSE_GRACE = 10.0
 """Seconds `close()` waits for connections in use to be released before terminating them."""
-
-RESULT_POLL_FIRST = 0.05
-RESULT_POLL_MAX = 1.0
-"""Seconds between looks at an awaited job (`Queue.result`) where LISTEN cannot hold (a
-transaction pooler without `listen_dsn`): the first, then doubling up to the most."""
 
 logger = logging.getLogger(__name__)
 
@@ -1182,12 +1177,12 @@ class PostgresStore:
         """`job_id` once it has finished (completed or dead), or None if there is no such job.
         Waits on the results channel (bound it with `asyncio.timeout`), holding one pool
         connection, listening, while it waits; through a transaction pooler, a connection of
-        its own to `listen_dsn`, or without one it looks at the job, reading only, every
-        `RESULT_POLL_FIRST` s, doubling up to `RESULT_POLL_MAX`."""
+        its own to `listen_dsn`, or without one it looks at the job, reading only, backing
+        off as the worker's loops do after a failed statement (0.05 s doubling to 1 s)."""
         key = _as_uuid(job_id)
         if not self.can_listen:
             # Through a transaction pooler without a listen_dsn: LISTEN would not hold.
-            delay = RESULT_POLL_FIRST
+            delay = RETRY_FIRST
             while True:
                 try:
                     if await self._run.fetchval(self._q["job_unfinished"], id=key) is None:
@@ -1196,14 +1191,14 @@ class PostgresStore:
                     if not is_database_failure(exc):
                         raise
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, RESULT_POLL_MAX)
+                delay = next_delay(delay)
         done = asyncio.Event()
 
         def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
             if payload == str(key):
                 done.set()
 
-        delay = RESULT_POLL_FIRST
+        delay = RETRY_FIRST
         while not done.is_set():
             lost = asyncio.Event()
             try:
@@ -1230,7 +1225,7 @@ class PostgresStore:
                 # The connection went away (an outage, a restart): listen again, and look
                 # again, once the database answers; the caller's timeout bounds it all.
                 await asyncio.sleep(delay)
-                delay = min(delay * 2, RESULT_POLL_MAX)
+                delay = next_delay(delay)
         return await self.get_job(key, codec)
 
     @asynccontextmanager

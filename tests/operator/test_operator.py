@@ -102,6 +102,17 @@ def condition(jq: dict[str, Any], kind: str) -> dict[str, Any]:
     return {}
 
 
+async def ready_becomes(kube: KubeHarness, status: str, name: str = "mail") -> dict[str, Any]:
+    """The JobQueue `name` once its Ready condition has `status` ("True", "False")."""
+    return await kube.wait_for(
+        JOBQUEUES,
+        NS,
+        name,
+        lambda o: condition(o, "Ready").get("status") == status,
+        timeout=TIMEOUT,
+    )
+
+
 async def replicas_become(kube: KubeHarness, name: str, n: int) -> None:
     await kube.wait_for(
         DEPLOYMENTS, NS, name, lambda d: d["spec"]["replicas"] == n, timeout=TIMEOUT
@@ -187,10 +198,7 @@ async def test_a_tick_that_fails_is_a_condition_and_a_warning_not_ready(
     kube.jobqueue(NS, "mail", spec(store.prefix))
     async with operator(kube) as reconciler:
         await replicas_become(kube, "mailer", 3)
-        await kube.wait_for(
-            JOBQUEUES, NS, "mail", lambda o: condition(o, "Ready").get("status") == "True",
-            timeout=TIMEOUT,
-        )  # fmt: skip
+        await ready_becomes(kube, "True")
         broken, failures, thrice = True, [], asyncio.Event()
         tick = reconciler._tick
 
@@ -203,10 +211,7 @@ async def test_a_tick_that_fails_is_a_condition_and_a_warning_not_ready(
             return await tick(*args, **kwargs)
 
         monkeypatch.setattr(reconciler, "_tick", failing)
-        jq = await kube.wait_for(
-            JOBQUEUES, NS, "mail", lambda o: condition(o, "Ready").get("status") == "False",
-            timeout=TIMEOUT,
-        )  # fmt: skip
+        jq = await ready_becomes(kube, "False")
         ready = condition(jq, "Ready")
         assert ready["reason"] == "ReconcileFailed"
         assert "ZeroDivisionError" in ready["message"] and "division" not in ready["message"]
@@ -214,10 +219,7 @@ async def test_a_tick_that_fails_is_a_condition_and_a_warning_not_ready(
         warned = [e for e in kube.events(NS, involved="mail") if e["reason"] == "ReconcileFailed"]
         assert len(warned) == 1 and warned[0]["type"] == "Warning"
         broken = False
-        await kube.wait_for(
-            JOBQUEUES, NS, "mail", lambda o: condition(o, "Ready").get("status") == "True",
-            timeout=TIMEOUT,
-        )  # fmt: skip
+        await ready_becomes(kube, "True")
 
 
 async def test_pools_by_queue_scale_from_their_own_queues_jobs(
@@ -353,13 +355,7 @@ async def test_a_job_wakes_a_pool_at_zero_without_waiting_for_the_interval(
     worker(kube, "mailer", "mail", replicas=0)
     kube.jobqueue(NS, "mail", {**spec(store.prefix), "interval": 3600})
     async with operator(kube):
-        await kube.wait_for(
-            JOBQUEUES,
-            NS,
-            "mail",
-            lambda o: condition(o, "Ready").get("status") == "True",
-            timeout=TIMEOUT,
-        )
+        await ready_becomes(kube, "True")
         loop = asyncio.get_running_loop()
         began = loop.time()
         await Queue(store).enqueue(Mail())
@@ -377,10 +373,7 @@ async def test_a_job_wakes_a_pool_by_queue_at_zero_without_waiting_for_the_inter
     body = {**spec(store.prefix, deployment="urgent", queues=["high"]), "interval": 3600}
     kube.jobqueue(NS, "mail", body)
     async with operator(kube) as reconciler:
-        await kube.wait_for(
-            JOBQUEUES, NS, "mail", lambda o: condition(o, "Ready").get("status") == "True",
-            timeout=TIMEOUT,
-        )  # fmt: skip
+        await ready_becomes(kube, "True")
         # The pool is at zero: a NOTIFY for its kind ticks at once.
         assert reconciler.pools_at_zero_for(NS, "mail", "mail")
         assert reconciler.wake_delay(NS, "mail", "mail") == 0
@@ -400,10 +393,7 @@ async def test_resuming_a_queue_wakes_its_pool_at_zero_without_waiting_for_the_i
     worker(kube, "mailer", "mail", replicas=0)
     kube.jobqueue(NS, "mail", {**spec(store.prefix), "interval": 3600})
     async with operator(kube) as reconciler:
-        await kube.wait_for(
-            JOBQUEUES, NS, "mail", lambda o: condition(o, "Ready").get("status") == "True",
-            timeout=TIMEOUT,
-        )  # fmt: skip
+        await ready_becomes(kube, "True")
         assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 0  # paused: no demand
         woken = asyncio.Event()
         wake_delay = reconciler.wake_delay

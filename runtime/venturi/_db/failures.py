@@ -93,3 +93,15 @@ def describe(exc: BaseException) -> str:
     """One line naming the failure: type and message, without a traceback."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+RETRY_FIRST = 0.05
+"""Seconds before the first retry of a failed statement."""
+RETRY_MAX = 1.0
+"""Seconds; cap on the wait between retries, so work resumes within about a second of
+the server accepting connections again."""
+
+
+def next_delay(delay: float) -> float:
+    """The capped exponential backoff between retries."""
+    return min(max(delay, RETRY_FIRST) * 2, RETRY_MAX)

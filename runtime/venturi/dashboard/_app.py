@@ -23,13 +23,13 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from ulid import ULID
 
+from venturi._settings import check_kind
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.dashboard import _guard, _views
 from venturi.dashboard._store import BULK_LIMIT, DashboardStore
 from venturi.errors import JobStateError
 from venturi.jobs import JobFilter, JobStatus
 from venturi.postgres import PostgresStore
-from venturi.task import KIND_PATTERN
 
 PAGE_SIZE = 50
 CHAINS_PAGE = 25
@@ -548,13 +548,14 @@ def _name(text: str | None, what: str) -> str | None:
     job can have another, and the database would refuse some (a NUL) with its own error."""
     if not text:
         return None
-    if not KIND_PATTERN.fullmatch(text):
+    try:
+        return check_kind(text)  # a queue name follows the same rule
+    except ValueError:
         raise HTTPException(
             400,
             f"Not a {what}: {what}={text!r:.80} (a {what} is 1-200 letters, digits and "
             "_ . : / -, starting with a letter or digit).",
-        )
-    return text
+        ) from None
 
 
 def _ulid(text: str | None, what: str, *, noun: str = "job") -> ULID | None:
