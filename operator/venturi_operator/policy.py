@@ -590,6 +590,11 @@ class Decision:
     recommendation: int | None = None
 
 
+def _replicas(n: int) -> str:
+    """`n` replicas, in a message: "1 replica", "3 replicas"."""
+    return f"{n} replica" if n == 1 else f"{n} replicas"
+
+
 def decide(
     load: PoolLoad | None,
     pool: PoolScaling,
@@ -633,7 +638,7 @@ def decide(
         return Decision(
             replicas=current,
             reason=Reason.PAUSED,
-            message=f"paused: keeping {current} replicas",
+            message=f"paused: keeping {_replicas(current)}",
             history=history,
         )
     if load is None:
@@ -647,7 +652,7 @@ def _fallback(pool: PoolScaling, history: History, now: float, current: int) -> 
     """Stats unreadable: hold, or raise to ``fallbackReplicas``; never lower, except to max."""
     wanted = current
     reason = Reason.STATS_UNAVAILABLE
-    message = f"stats unavailable: keeping {current} replicas"
+    message = f"stats unavailable: keeping {_replicas(current)}"
     if pool.fallback_replicas is not None and pool.fallback_replicas > current:
         wanted = pool.fallback_replicas
         reason = Reason.FALLBACK_REPLICAS
@@ -884,11 +889,12 @@ def _recommend(
     else:
         recommendation = current
     if recommendation > current:
-        reason, message = Reason.BACKLOG_ABOVE_TARGET, f"{counted} need {recommendation} replicas"
+        reason, message = Reason.BACKLOG_ABOVE_TARGET, f"{counted} need {_replicas(recommendation)}"
     elif recommendation < current:
-        reason, message = Reason.BACKLOG_BELOW_TARGET, f"{counted} need {recommendation} replicas"
+        reason, message = Reason.BACKLOG_BELOW_TARGET, f"{counted} need {_replicas(recommendation)}"
     elif not (tolerated and (up > current or down < current)):
-        reason, message = Reason.AT_TARGET, f"{counted}: {current} replicas are enough"
+        verb = "is" if current == 1 else "are"
+        reason, message = Reason.AT_TARGET, f"{counted}: {_replicas(current)} {verb} enough"
     else:
         reason, message = Reason.WITHIN_TOLERANCE, f"{counted}: within tolerance of {current}"
     if _age_target_missed(load, pool):
@@ -901,8 +907,8 @@ def _recommend(
             reason = Reason.PENDING_AGE_ABOVE_TARGET
             message = (
                 f"oldest pending job waited {load.oldest_pending_age:.0f}s > "
-                f"maxOldestPendingAge {pool.max_oldest_pending_age:g}s: {recommendation} "
-                f"replicas{' (replicas still starting)' if starting else ''} ({counted})"
+                f"maxOldestPendingAge {pool.max_oldest_pending_age:g}s: {_replicas(recommendation)}"
+                f"{' (replicas still starting)' if starting else ''} ({counted})"
             )
     return recommendation, reason, message
 
@@ -958,7 +964,7 @@ def _decide_from_load(
             replicas=replicas,
             reason=Reason.ABOVE_MAX_REPLICAS if above else Reason.BELOW_MIN_REPLICAS,
             message=(
-                f"{current} replicas is {'above maxReplicas' if above else 'below minReplicas'} "
+                f"{_replicas(current)} is {'above maxReplicas' if above else 'below minReplicas'} "
                 f"{replicas}; {message}"
             ),
             history=_record_scale(history, behavior, now, current, replicas),
@@ -1022,8 +1028,10 @@ def _decide_from_load(
         message = f"{message}; held {hold - since_up:.0f}s more {why}"
     if busy is not None and replicas < min(busy + unfenced, current):
         spared = min(busy + unfenced, current)
-        held = f"{busy} pods hold jobs" + (
-            f" and {unfenced} idle ones could not be fenced" if unfenced else ""
+        held = (f"{busy} pods hold jobs" if busy != 1 else "1 pod holds jobs") + (
+            f" and {unfenced} idle {'one' if unfenced == 1 else 'ones'} could not be fenced"
+            if unfenced
+            else ""
         )
         message = (
             f"{message}; {held}: scaling in to {spared}, not {replicas}, so no running job is "

@@ -62,8 +62,10 @@ class _Memory:
     """The reason the last tick was not Ready (Warnings are posted when it changes)."""
     coverage: dict[str, serving.Coverage] = field(default_factory=dict)
     """What each pool's workers were last seen to serve (serving.pool_coverage)."""
-    unserved_said: str | None = None
-    """The UnservedKinds message last posted as an Event (posted again only when it changes)."""
+    unserved_said: frozenset[tuple[str, str, str]] | None = None
+    """What the UnservedKinds Event last posted said waits unserved, as (pool, queue, kind),
+    pool "" for a kind no pool serves: posted again only when that changes, not when only its
+    wording does (whether a pool's workers are live or were last seen)."""
     fenced: dict[str, dict[str, float]] = field(default_factory=dict)
     """Each pool's pods fenced by its scale-ins, and when (each lifted FENCE_SETTLE later)."""
 
@@ -409,10 +411,15 @@ class Reconciler:
         )
         conds = _conditions(spec, db_problem, pool_problems, decisions)
         if stats is not None:
-            said = _unserved_condition(unserved, memory.coverage, find_unserved(spec, stats))
-            if said.ok and said.message != memory.unserved_said:
+            no_pool = find_unserved(spec, stats)
+            said = _unserved_condition(unserved, memory.coverage, no_pool)
+            facts = frozenset(
+                [(pool, queue, kind) for pool, pairs in unserved.items() for queue, kind in pairs]
+                + [("", "", kind) for kind in no_pool]
+            )
+            if said.ok and facts != memory.unserved_said:
                 post("Warning", said.reason, said.message)
-            memory.unserved_said = said.message if said.ok else None
+            memory.unserved_said = facts if said.ok else None
         else:
             said = status.Condition(
                 type="UnservedKinds",

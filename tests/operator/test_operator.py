@@ -1048,7 +1048,7 @@ async def test_a_scale_in_waits_when_its_pods_cannot_be_fenced(
             timeout=TIMEOUT,
         )
         message = jq["status"]["pools"][0]["message"]
-        assert "1 pods hold jobs and 1 idle ones could not be fenced" in message, message
+        assert "1 pod holds jobs and 1 idle one could not be fenced" in message, message
         assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 2
 
 
@@ -1245,10 +1245,22 @@ async def test_kinds_the_pools_workers_do_not_serve_are_a_condition_not_demand(
         assert "mail (queue default)" in warning["message"]
         # A NOTIFY for such a job wakes nothing (at zero, any other job would tick at once).
         assert reconciler.wake_delay(NS, "mail", "mail") is None
+        # The pod goes: the condition now says what its workers served when last seen. The
+        # same kinds wait unserved, so no second Warning says so in other words.
+        kube.delete(PODS, NS, "mailer-a")
+        await kube.wait_for(
+            JOBQUEUES,
+            NS,
+            "mail",
+            lambda o: "when last seen" in condition(o, "UnservedKinds").get("message", ""),
+            timeout=TIMEOUT,
+        )
+        await ticks(reconciler, 2)
+        warnings = [e for e in kube.events(NS, involved="mail") if e["reason"] == "KindsUnserved"]
+        assert [e["message"] for e in warnings] == [warning["message"]]
 
-    # The pod is gone and so is its registry row: the pool stays at zero for those jobs, by
-    # what its workers of this template served.
-    kube.delete(PODS, NS, "mailer-a")
+    # The registry row is gone too: the pool stays at zero for those jobs, by what its
+    # workers of this template served.
     async with operator(kube) as reconciler:
         await ticks(reconciler, 1)  # a new operator knows nothing: it wakes the pool once
         await replicas_become(kube, "mailer", 3)
