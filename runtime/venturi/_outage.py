@@ -15,11 +15,14 @@ import logging
 import random
 import time
 
-from venturi._db.failures import RETRY_MAX, describe
+from venturi._db.failures import RETRY_MAX, describe, is_configuration_error
 from venturi._db.failures import next_delay as next_delay  # the loops import it from here
 from venturi._timeouts import wait_for
 
 logger = logging.getLogger("venturi.worker")
+
+REFUSAL_LOG_INTERVAL = 60.0
+"""Seconds between two ERRORs for the same refusal of the same loop."""
 
 
 class Outage:
@@ -28,6 +31,8 @@ class Outage:
         self._since: float | None = None
         self._failures = 0
         self._back = asyncio.Event()
+        self._refusals: dict[tuple[str, str], float] = {}
+        """When each (loop, error) refusal was last logged."""
 
     @property
     def ongoing(self) -> bool:
@@ -35,6 +40,9 @@ class Outage:
 
     def failed(self, what: str, exc: BaseException) -> None:
         """Record that `what` (a loop's name) failed against the database."""
+        if is_configuration_error(exc):
+            self._refused(what, exc)
+            return
         self._failures += 1
         if self._since is None:
             self._since = time.monotonic()
@@ -63,9 +71,30 @@ class Outage:
         self._failures = 0
         self._back.set()
 
+    def _refused(self, what: str, exc: BaseException) -> None:
+        """The database answered, and refused: a privilege, a table or a login the
+        deployment must mend. Not an outage (the other loops may well succeed meanwhile, and
+        "unavailable" then "back" would alternate): one ERROR per loop and error a minute."""
+        key = (what, describe(exc))
+        now = time.monotonic()
+        if now - self._refusals.get(key, -REFUSAL_LOG_INTERVAL) < REFUSAL_LOG_INTERVAL:
+            logger.debug("worker %s: %s refused again: %s", self._worker, what, key[1])
+            return
+        self._refusals[key] = now
+        logger.error(
+            "worker %s: %s was refused by the database (%s): not an outage; the role's "
+            "privileges or the schema need mending (README: Privileges); retrying",
+            self._worker,
+            what,
+            key[1],
+        )
+
     async def wait(self, delay: float) -> None:
         """Sleep about `delay` seconds (jittered down to half, so the loops of one worker,
         and the workers of a fleet, do not retry in lockstep), or less if another loop sees
-        the database come back."""
+        the database come back (during an outage; a refusal sleeps it out)."""
+        if self._since is None:
+            await asyncio.sleep(min(delay, RETRY_MAX) * random.uniform(0.5, 1.0))
+            return
         with contextlib.suppress(TimeoutError):
             await wait_for(self._back.wait(), min(delay, RETRY_MAX) * random.uniform(0.5, 1.0))

@@ -62,7 +62,7 @@ from venturi.jobs import (
     Stats,
 )
 from venturi.pauses import QueueState
-from venturi.postgres import DEFAULT_PREFIX, POOLERS, PostgresStore
+from venturi.postgres import DEFAULT_PREFIX, MIGRATE_LOCK_TIMEOUT, POOLERS, PostgresStore
 from venturi.queue import Queue
 from venturi.registry import WorkerInfo
 from venturi.schedules import ScheduleInfo
@@ -101,6 +101,17 @@ def positive_duration(text: str) -> timedelta:
     value = parse_duration(text)
     if value <= timedelta(0):
         raise argparse.ArgumentTypeError(f"expected a duration longer than 0, got {text!r}")
+    return value
+
+
+def _lock_timeout(text: str) -> timedelta:
+    """A duration (2s, 1m), or a bare number of seconds; 0 is no timeout."""
+    try:
+        value = timedelta(seconds=float(text))
+    except (ValueError, OverflowError):
+        value = parse_duration(text)
+    if value < timedelta(0):
+        raise argparse.ArgumentTypeError(f"expected a duration of 0 or more, got {text!r}")
     return value
 
 
@@ -187,7 +198,15 @@ def _parser() -> argparse.ArgumentParser:
     )
     sub = parser.add_subparsers(dest="command", required=True)
 
-    sub.add_parser("migrate", parents=[common], help="apply pending migrations")
+    migrate = sub.add_parser("migrate", parents=[common], help="apply pending migrations")
+    migrate.add_argument(
+        "--lock-timeout",
+        type=_lock_timeout,
+        default=timedelta(seconds=MIGRATE_LOCK_TIMEOUT),
+        help="how long a migration's statement waits for a table lock held by an open "
+        "transaction before it gives way and tries again a little later (the queue runs "
+        f"meanwhile); 0 waits as long as it takes (default {MIGRATE_LOCK_TIMEOUT:g}s)",
+    )
 
     worker = sub.add_parser("worker", parents=[common], help="run a worker until SIGTERM/SIGINT")
     worker.add_argument("factory", help="MODULE:FUNCTION returning a Worker; called with the store")
@@ -383,7 +402,7 @@ async def _run(args: argparse.Namespace) -> int:
     ) as store:
         queue = Queue(store)
         if args.command == "migrate":
-            applied = await store.migrate()
+            applied = await store.migrate(lock_timeout=args.lock_timeout.total_seconds())
             _out(
                 args,
                 {"applied": applied},
@@ -717,6 +736,7 @@ async def _worker(args: argparse.Namespace, store: PostgresStore) -> None:
     if args.unknown_kinds is not None:
         built.unknown_kinds = args.unknown_kinds
     await store.check_schema()  # before saying "serving" (run() checks again)
+    await store.check_privileges()
     shutdown = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -16,6 +16,7 @@ import functools
 import hashlib
 import logging
 import math
+import re
 import ssl as ssl_module
 import time
 import uuid
@@ -32,7 +33,13 @@ from ulid import ULID
 from venturi import _dsn
 from venturi._db import sql
 from venturi._db.batches import Batches
-from venturi._db.failures import RETRY_FIRST, breaks_connection, is_database_failure, next_delay
+from venturi._db.failures import (
+    RETRY_FIRST,
+    breaks_connection,
+    is_configuration_error,
+    is_database_failure,
+    next_delay,
+)
 from venturi._db.leadership import Leadership
 from venturi._db.registry import Registry
 from venturi._db.run import CallersConnection, Pooled, Runner, detached, release
@@ -55,6 +62,7 @@ from venturi._stats import stats_from_rows
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.errors import JobStateError, SchemaError, StoreClosedError
 from venturi.jobs import (
+    BatchStatus,
     CleanupCriteria,
     FailedJob,
     Job,
@@ -70,6 +78,11 @@ from venturi.registry import WorkerInfo
 from venturi.schedules import ScheduleInfo
 
 DEFAULT_PREFIX = "venturi"
+MIGRATE_LOCK_TIMEOUT = 2.0
+"""Seconds a migration's statement waits for a lock on a table before the migration gives way
+and tries again (see `PostgresStore.migrate`)."""
+MIGRATE_PATIENCE = 600.0
+"""Seconds `PostgresStore.migrate` keeps trying to get its locks before it gives up."""
 DEFAULT_HOOK_LEASE_S = 15 * 60.0
 """Seconds a dead job's failure step is leased to the worker that made it dead (the worker's
 lease, when it passes one)."""
@@ -470,28 +483,116 @@ class PostgresStore:
 
     # -- schema ----------------------------------------------------------------------
 
-    async def migrate(self) -> list[int]:
+    async def migrate(
+        self, *, lock_timeout: float = MIGRATE_LOCK_TIMEOUT, patience: float = MIGRATE_PATIENCE
+    ) -> list[int]:
         """Apply pending migrations; returns the versions applied (empty if up to date).
 
         Idempotent, and safe with many processes starting at once: everything runs in one
-        transaction under an advisory lock keyed by the prefix.
+        transaction under an advisory lock keyed by the prefix. Up to date, it only reads.
+        A migration's statement waits at most `lock_timeout` seconds for a lock on a table
+        (an open transaction of the application holds one), then the migration rolls back
+        and tries again a little later, for up to `patience` seconds; meanwhile the queue
+        runs (a DDL statement waiting for its lock would hold up every statement on the
+        table). `lock_timeout=0` waits as long as it takes.
         """
-        applied_now: list[int] = []
+        if not (math.isfinite(lock_timeout) and lock_timeout >= 0):
+            raise ValueError(f"migrate(lock_timeout): expected seconds >= 0, got {lock_timeout!r}")
+        started = time.monotonic()
+        pause = 1.0
+        while True:
+            try:
+                return await self._migrate_once(lock_timeout)
+            except asyncpg.LockNotAvailableError:
+                holders = await self._lock_holders()
+                waited = time.monotonic() - started
+                if waited + pause > patience:
+                    raise SchemaError(
+                        f"migrate: gave up after {waited:.0f}s: a migration of prefix "
+                        f"{self._prefix!r} needs a lock on its tables, which {holders} held "
+                        f"each time it waited {lock_timeout:g}s; nothing was applied, and the "
+                        f"queue ran meanwhile. Migrate at a quieter moment, or with a longer "
+                        f"lock timeout (0: wait as long as it takes)"
+                    ) from None
+                logger.warning(
+                    "migrate: a migration of prefix %r waited %gs for a lock on its tables, "
+                    "held by %s; it gave way (the queue runs meanwhile) and tries again in %gs",
+                    self._prefix,
+                    lock_timeout,
+                    holders,
+                    pause,
+                )
+                await asyncio.sleep(pause)
+                pause = min(pause * 2, 30.0)
+
+    async def _migrate_once(self, lock_timeout: float) -> list[int]:
         q = self._q
+        applied_now: list[int] = []
+        known = sql.migrations(self._prefix)
+        if await self._run.fetchval(q["migration_table_exists"]):
+            done = {r["version"] for r in await self._run.fetch(q["migration_list"])}
+            self._refuse_newer(done)
+            if all(m.version in done for m in known):
+                return applied_now  # nothing to do: no lock, no DDL, no CREATE privilege
         async with self._run.transaction() as tx:
             await tx.execute(q["lock_migrations"], key=_lock_key(self._prefix))
             await tx.execute(q["migration_table_create"])
             done = {r["version"] for r in await tx.fetch(q["migration_list"])}
             self._refuse_newer(done)
-            for migration in sql.migrations(self._prefix):
+            if lock_timeout > 0 and self._conn is None:  # never the caller's transaction's
+                await tx.execute(q["migration_lock_timeout"], ms=f"{lock_timeout * 1000:.0f}ms")
+            for migration in known:
                 if migration.version in done:
                     continue
-                await tx.script(migration.sql)
+                try:
+                    await tx.script(migration.sql)
+                except (asyncpg.DuplicateTableError, asyncpg.DuplicateObjectError) as exc:
+                    raise self._taken_name(migration, exc) from None
                 await tx.execute(
                     q["migration_record"], version=migration.version, name=migration.name
                 )
                 applied_now.append(migration.version)
         return applied_now
+
+    async def _lock_holders(self) -> str:
+        """Who holds locks on the prefix's tables now, for a migration that could not get
+        one: "pid 123 (app, idle in transaction for 20s)", or "another session"."""
+        tables = [f"{self._prefix}_{suffix}" for suffix in sql.table_suffixes()]
+        try:
+            rows = await self._run.fetch(self._q["lock_holders"], tables=tables)
+        except Exception as exc:  # only a description: the caller's error is the news
+            if not is_database_failure(exc):
+                raise
+            rows = []
+        if not rows:
+            return "another session"
+        return ", ".join(
+            f"pid {r['pid']} ({r['application_name'] or 'no application_name'}, "
+            f"{r['state']}, in its transaction for {r['xact_s']:.0f}s)"
+            for r in rows
+        )
+
+    def _taken_name(self, migration: sql.Migration, exc: asyncpg.PostgresError) -> SchemaError:
+        """A migration that found one of its names taken: most likely by another prefix
+        whose tables' names overlap (prefix 'shop' has 'shop_hour_counts', which is also
+        prefix 'shop_hour''s counts table)."""
+        found = re.search(r'"([^"]+)"', str(exc))
+        name = found.group(1) if found else ""
+        owners = [
+            f"table {suffix!r} of prefix {name[: -len(suffix) - 1]!r}"
+            for suffix in sql.table_suffixes()
+            if name.endswith(f"_{suffix}") and len(name) > len(suffix) + 1
+        ]
+        why = (
+            f": {name!r} is the name of {' and of '.join(owners)}, so those prefixes cannot "
+            f"share a schema; choose a prefix whose tables' names no other prefix uses"
+            if len(owners) > 1
+            else ""
+        )
+        return SchemaError(
+            f"migration {migration.version} ({migration.name}) of prefix {self._prefix!r}: "
+            f"{exc}{why}; nothing was applied"
+        )
 
     async def check_schema(self) -> None:
         """Raise `SchemaError` unless the prefix's schema is exactly the one this release's
@@ -513,6 +614,30 @@ class PostgresStore:
                 f"`venturi migrate` (or `await store.migrate()`) before starting workers"
             )
 
+    async def check_privileges(self) -> None:
+        """Raise `SchemaError` naming the prefix's tables on which this store's role lacks a
+        privilege a worker needs (SELECT, INSERT, UPDATE and DELETE on each, SELECT only on
+        the migrations' record, USAGE on the journal's id sequence), with the GRANT that
+        mends it. Workers run it at start, after
+        `check_schema`: a role granted before a migration added a table would otherwise
+        claim nothing, each claim refused."""
+        tables = [f"{self._prefix}_{suffix}" for suffix in sql.table_suffixes()]
+        rows = await self._run.fetch(self._q["privileges_missing"], tables=tables)
+        if not rows:
+            return
+        who = await self._run.fetchrow(self._q["session_role"])
+        assert who is not None
+        role, schema = who["role"], who["schema"]
+        lacking = "; ".join(f"{r['name']} ({', '.join(r['missing'])})" for r in rows)
+        raise SchemaError(
+            f"the role {role} lacks privileges a worker needs on the tables of prefix "
+            f"{self._prefix!r}: {lacking}. Grant them, e.g. GRANT SELECT, INSERT, UPDATE, DELETE "
+            f"ON ALL TABLES IN SCHEMA {schema} TO {role}; GRANT USAGE ON ALL SEQUENCES IN "
+            f"SCHEMA {schema} TO {role}; and, so that the tables a later migration adds are "
+            f"granted too, ALTER DEFAULT PRIVILEGES as the role that migrates (README: "
+            f"Privileges)"
+        )
+
     def _refuse_newer(self, done: set[int]) -> None:
         unknown = sorted(done - {m.version for m in sql.migrations(self._prefix)})
         if unknown:
@@ -526,12 +651,13 @@ class PostgresStore:
         """asyncpg's "relation ... does not exist" on an unmigrated prefix, said plainly (the
         cause is kept: the operator matches "does not exist")."""
         return SchemaError(
-            f"{exc}: the tables of prefix {self._prefix!r} are missing; run `venturi migrate` "
-            f"(or `await store.migrate()`) first"
+            f"{exc}: the tables of prefix {self._prefix!r} are missing, or older than this "
+            f"release of venturi; run `venturi migrate` (or `await store.migrate()`) first"
         )
 
     # -- producing -------------------------------------------------------------------
 
+    @_schema_required
     async def insert_chain(self, jobs: NewJobs) -> None:
         """Insert a chain's jobs, in order, each waiting for the one before it: on the
         caller's connection (inside its transaction), else in a transaction of its own."""
@@ -545,6 +671,7 @@ class PostgresStore:
             await tx.insert(jobs)
             await tx._run.execute(tx._q["chain_link"], **link)
 
+    @_schema_required
     async def insert_batch(
         self,
         batch: NewBatch,
@@ -1188,7 +1315,7 @@ class PostgresStore:
                     if await self._run.fetchval(self._q["job_unfinished"], id=key) is None:
                         return await self.get_job(key, codec)
                 except Exception as exc:  # an outage: look again once it answers
-                    if not is_database_failure(exc):
+                    if not is_database_failure(exc) or is_configuration_error(exc):
                         raise
                 await asyncio.sleep(delay)
                 delay = next_delay(delay)
@@ -1219,7 +1346,9 @@ class PostgresStore:
                             conn.remove_termination_listener(on_lost)
                             await conn.remove_listener(self.results_channel, notified)
             except Exception as exc:
-                if not is_database_failure(exc):
+                # Waited out: an outage. Raised: a refusal no wait mends (a missing table,
+                # no privilege, a bad password), as any other call would raise it.
+                if not is_database_failure(exc) or is_configuration_error(exc):
                     raise
             if not done.is_set():
                 # The connection went away (an outage, a restart): listen again, and look
@@ -1400,6 +1529,27 @@ class PostgresStore:
         return value
 
     @_schema_required
+    async def batch_status(self, batch_id: uuid.UUID) -> BatchStatus | None:
+        """The batch's progress, None if there is no such batch (`Batches.get`)."""
+        return await self.batches.get(batch_id)
+
+    @_schema_required
+    async def recent_batches(self, limit: int, before: uuid.UUID | None) -> list[BatchStatus]:
+        """The newest batches, newest first (`Batches.recent`)."""
+        return await self.batches.recent(limit, before)
+
+    @_schema_required
+    async def cancel_batch(self, batch_id: uuid.UUID) -> int | None:
+        """Cancel the batch's members not started; None if there is no such batch
+        (`Batches.cancel`)."""
+        return await self.batches.cancel(batch_id)
+
+    @_schema_required
+    async def prune_batches(self, finished_before: datetime, batch_size: int) -> int:
+        """Delete the batches finished before `finished_before` (`Batches.prune`)."""
+        return await self.batches.prune(finished_before, batch_size)
+
+    @_schema_required
     async def workers(self) -> list[WorkerInfo]:
         """Every registered worker, oldest first (see `venturi.registry`)."""
         return await self.registry.workers()
@@ -1516,12 +1666,12 @@ class PostgresStore:
         )
 
     @_schema_required
-    @_schema_required
     async def queue_known(self, queue: str) -> bool:
         """Whether a kept job, a pause or a worker names `queue`."""
         known: bool = await self._run.fetchval(self._q["queue_known"], queue=queue)
         return known
 
+    @_schema_required
     async def retry_all_failed(
         self,
         *,

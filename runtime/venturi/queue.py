@@ -503,7 +503,7 @@ class Queue:
     async def batch_status(self, batch_id: ULID | str) -> BatchStatus | None:
         """The batch's progress (`BatchStatus`: done, failed, cancelled, pending, percent),
         or None if there is no such batch (or it was pruned)."""
-        return await self.store.batches.get(_batch_key(batch_id))
+        return await self.store.batch_status(_batch_key(batch_id))
 
     async def recent_batches(
         self, n: int = 20, *, before: ULID | str | None = None
@@ -513,14 +513,14 @@ class Queue:
         if not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= 1000:
             raise ValueError(f"recent_batches(n): expected an int in 1..1000, got {n!r}")
         older_than = None if before is None else _batch_key(before)
-        return await self.store.batches.recent(n, older_than)
+        return await self.store.recent_batches(n, older_than)
 
     async def cancel_batch(self, batch_id: ULID | str) -> int:
         """Cancel the batch: its members not started yet (pending, retries waiting for their
         backoff included) end cancelled; running ones finish. `then` will not run; `finally`
         runs once the running members finish. Returns how many were skipped (0 for a
         finished batch). Raises LookupError if there is no such batch."""
-        skipped = await self.store.batches.cancel(_batch_key(batch_id))
+        skipped = await self.store.cancel_batch(_batch_key(batch_id))
         if skipped is None:
             raise LookupError(f"cancel_batch({batch_id}): no such batch")
         return skipped
@@ -532,7 +532,7 @@ class Queue:
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"prune_batches(batch_size): expected an int >= 1, got {batch_size!r}")
         before = datetime.now(UTC) - timedelta(seconds=age)
-        return await self.store.batches.prune(before, batch_size)
+        return await self.store.prune_batches(before, batch_size)
 
     async def job(self, job_id: ULID | str) -> Job | None:
         """The stored job, or None if there is no such job (or it was cleaned up)."""

@@ -521,6 +521,7 @@ class Worker(Generic[AppT]):
         while True:
             try:
                 await self.store.check_schema()
+                await self.store.check_privileges()
                 break
             except Exception as exc:
                 if not is_database_failure(exc) or is_configuration_error(exc):

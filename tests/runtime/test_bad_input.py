@@ -715,12 +715,21 @@ async def test_an_unmigrated_prefix_says_to_migrate(pg_dsn: str, prefix: str) ->
             queue.job(ULID()),
             queue.jobs(),
             queue.job_journal(ULID()),
+            queue.result(ULID(), timeout=30),  # at once, not after its timeout
+            queue.chain(Order(order_id=1), Order(order_id=2)),
+            queue.batch("b").add(Order(order_id=1)).enqueue(),
+            queue.batch_status(ULID()),
+            queue.recent_batches(),
+            queue.cancel_batch(ULID()),
+            queue.prune_batches(60),
+            queue.retry_all(),
             store.check_schema(),
         ]
         for call in calls:
             with pytest.raises(
                 SchemaError,
-                match=r"does not exist: the tables of prefix .* are missing; run `venturi migrate`",
+                match=r"does not exist: the tables of prefix .* are missing, or older than this "
+                r"release of venturi; run `venturi migrate`",
             ):
                 await call
         # Also when the store's held connection serves the enqueue (a second single enqueue).

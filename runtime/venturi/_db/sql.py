@@ -170,6 +170,23 @@ def _raw_migrations() -> tuple[Migration, ...]:
     return tuple(found)
 
 
+_TABLE_DDL = re.compile(r"\b(CREATE|DROP) TABLE (?:IF (?:NOT )?EXISTS )?\{prefix\}_([a-z_]+)")
+
+
+@functools.cache
+def table_suffixes() -> tuple[str, ...]:
+    """The names, after "<prefix>_", of the tables the migrations leave (in order of
+    creation): what a role needs privileges on."""
+    tables: dict[str, None] = {"migrations": None}
+    for m in _raw_migrations():
+        for verb, name in _TABLE_DDL.findall(m.sql):
+            if verb == "CREATE":
+                tables[name] = None
+            else:
+                tables.pop(name, None)
+    return tuple(tables)
+
+
 def migrations(prefix: str) -> tuple[Migration, ...]:
     """The numbered migrations, in order, rendered for `prefix`."""
     validate_prefix(prefix)

@@ -1,0 +1,137 @@
+"""A role without the privileges a worker needs: refused at start, naming the tables; a
+privilege revoked while the worker runs is an ERROR, not a database outage, and the worker
+carries on once it is granted again."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+
+import asyncpg
+import pytest
+
+from venturi import Context, Outcome, PostgresStore, Queue, SchemaError, Task, Worker
+
+from .helpers import WAIT_TIMEOUT, running
+
+
+@dataclass
+class Ping(Task):
+    KIND = "ping"
+    n: int
+
+
+@asynccontextmanager
+async def role(pg_dsn: str, store: PostgresStore, *grants: str) -> AsyncIterator[str]:
+    """A login role granted `grants` (statements with {role} and {prefix}); yields its
+    DSN, and drops it after."""
+    name = f"{store.prefix}_app"
+    admin = await asyncpg.connect(pg_dsn)
+    try:
+        await admin.execute(f"CREATE ROLE {name} LOGIN")
+        for grant in grants:
+            await admin.execute(grant.format(role=name, prefix=store.prefix))
+        yield pg_dsn.replace("postgres@", f"{name}@", 1)
+    finally:
+        await admin.execute(f"DROP OWNED BY {name}")
+        await admin.execute(f"DROP ROLE {name}")
+        await admin.close()
+
+
+ALL_TABLES = "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public TO {role}"
+ALL_SEQUENCES = "GRANT USAGE ON ALL SEQUENCES IN SCHEMA public TO {role}"
+
+
+async def test_a_role_granted_before_a_table_existed_is_refused_at_start(
+    store: PostgresStore, pg_dsn: str
+) -> None:
+    # As after an upgrade whose migration added a table the old GRANT did not cover.
+    revoke = "REVOKE ALL ON {prefix}_fences FROM {role}"
+    async with (
+        role(pg_dsn, store, ALL_TABLES, ALL_SEQUENCES, revoke) as dsn,
+        await PostgresStore.connect(dsn, prefix=store.prefix) as app,
+    ):
+        worker: Worker[None] = Worker(None, app)
+        worker.register(Ping, lambda t, c, a: Outcome.completed())  # type: ignore[arg-type,return-value]
+        with pytest.raises(SchemaError) as raised:
+            await asyncio.wait_for(worker.run(asyncio.Event()), WAIT_TIMEOUT)
+    message = str(raised.value)
+    assert f"{store.prefix}_fences (SELECT, INSERT, UPDATE, DELETE)" in message
+    assert f"{store.prefix}_jobs" not in message
+    assert "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public" in message
+
+
+async def test_a_role_without_the_journal_sequence_is_refused_at_start(
+    store: PostgresStore, pg_dsn: str
+) -> None:
+    async with (
+        role(pg_dsn, store, ALL_TABLES) as dsn,
+        await PostgresStore.connect(dsn, prefix=store.prefix) as app,
+    ):
+        with pytest.raises(SchemaError, match=rf"{store.prefix}_journal_id_seq \(USAGE\)"):
+            await app.check_privileges()
+    only_read = "REVOKE INSERT, UPDATE, DELETE ON {prefix}_migrations FROM {role}"
+    async with (
+        role(pg_dsn, store, ALL_TABLES, ALL_SEQUENCES, only_read) as dsn,
+        await PostgresStore.connect(dsn, prefix=store.prefix) as app,
+    ):
+        await app.check_privileges()  # all a worker needs: nothing to say
+
+
+class Told(logging.Handler):
+    """Sets `refused` at the first ERROR that a claim was refused."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+        self.refused = asyncio.Event()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
+        if record.levelno == logging.ERROR and "claiming was refused" in record.getMessage():
+            self.refused.set()
+
+
+async def test_a_privilege_revoked_while_a_worker_runs_is_an_error_not_an_outage(
+    store: PostgresStore, pg_dsn: str
+) -> None:
+    done: list[int] = []
+    all_done = asyncio.Event()
+
+    async def ping(task: Ping, ctx: Context[None], app: None) -> Outcome:
+        done.append(task.n)
+        if len(done) == 3:
+            all_done.set()
+        return Outcome.completed()
+
+    told = Told()
+    log = logging.getLogger("venturi.worker")
+    log.addHandler(told)
+    try:
+        async with (
+            role(pg_dsn, store, ALL_TABLES, ALL_SEQUENCES) as dsn,
+            await PostgresStore.connect(dsn, prefix=store.prefix) as app,
+        ):
+            worker: Worker[None] = Worker(None, app)
+            worker.register(Ping, ping)
+            async with running(worker):
+                await store._pool.execute(
+                    f"REVOKE UPDATE ON {store.prefix}_jobs FROM {store.prefix}_app"
+                )
+                await Queue(store).enqueue_many(Ping(i) for i in range(3))
+                await asyncio.wait_for(told.refused.wait(), WAIT_TIMEOUT)
+                await store._pool.execute(
+                    f"GRANT UPDATE ON {store.prefix}_jobs TO {store.prefix}_app"
+                )
+                await asyncio.wait_for(all_done.wait(), WAIT_TIMEOUT)
+    finally:
+        log.removeHandler(told)
+    assert sorted(done) == [0, 1, 2]
+    said = [r.getMessage() for r in told.records if r.levelno >= logging.WARNING]
+    assert not [m for m in said if "unavailable" in m or "is back" in m], said
+    refused = [m for m in said if "claiming was refused" in m]
+    assert len(refused) == 1, said  # once, however often the claim was retried meanwhile
+    assert "permission denied" in refused[0] and "README: Privileges" in refused[0]
