@@ -15,7 +15,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 
-from venturi._db.failures import is_database_failure
+from venturi._db.failures import breaks_connection, is_configuration_error, is_database_failure
 from venturi._outage import Outage, next_delay
 from venturi.codec import Codec
 from venturi.postgres import PostgresStore
@@ -93,18 +93,37 @@ class Scheduler:
                     now=row["now"],
                     previous_running=row["previous_running"],
                 )
-                job, kind = None, None
+                job, kind, failed = None, None, 0
                 if decision.enqueue is not None:
-                    task = schedule.task_for(decision.enqueue)
-                    kind = kind_of(type(task))
-                    queue = Queue(tx, queue=schedule.queue or self._queue, codec=self._codec)
-                    job = await queue.enqueue(task)
-                    logger.info(
-                        "schedule %s: tick %s enqueued as job %s",
-                        schedule.name,
-                        decision.enqueue.isoformat(),
-                        job,
-                    )
+                    try:
+                        # A savepoint: a task the database refuses leaves the pass going.
+                        async with tx._run.transaction():
+                            task = schedule.task_for(decision.enqueue)
+                            kind = kind_of(type(task))
+                            queue = Queue(
+                                tx, queue=schedule.queue or self._queue, codec=self._codec
+                            )
+                            job = await queue.enqueue(task)
+                    except Exception as exc:
+                        if is_database_failure(exc) and (
+                            breaks_connection(exc) or is_configuration_error(exc)
+                        ):
+                            raise  # an outage or a refusal: the pass is tried again
+                        # The schedule's own function (or its task) failed: that tick is
+                        # skipped, the schedule and the worker go on.
+                        logger.exception(
+                            "schedule %s: tick %s skipped: making or storing its task failed",
+                            schedule.name,
+                            decision.enqueue.isoformat(),
+                        )
+                        job, kind, failed = None, None, 1
+                    else:
+                        logger.info(
+                            "schedule %s: tick %s enqueued as job %s",
+                            schedule.name,
+                            decision.enqueue.isoformat(),
+                            job,
+                        )
                 elif decision.skipped:
                     logger.info(
                         "schedule %s: %d tick(s) up to %s skipped (%s)",
@@ -120,7 +139,7 @@ class Scheduler:
                     last_tick=decision.last_tick,
                     next_tick=decision.next_tick,
                     job=None if job is None else job.to_uuid(),
-                    skipped=decision.skipped,
+                    skipped=decision.skipped + failed,
                     worker=self._worker,
                 )
                 self.enqueued += job is not None

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from venturi.backoff import Backoff, Seconds, to_seconds
 from venturi.outcome import PanicPolicy
 from venturi.task import KIND_PATTERN
+from venturi.task import check_queue_name as check_queue_name  # where the rule lives
 
 MAX_CONCURRENCY = 10_000
 """Most jobs one worker runs at once: beyond this, run more workers."""
@@ -46,19 +47,6 @@ TIMEOUT_LEASE_MARGIN = 60.0
 """Seconds a job's lease outlasts its timeout (the claim enforces it: see the migrations)."""
 DEFAULT_QUEUE = "default"
 """The named queue of a `Queue` or `Worker` not given one."""
-
-
-def check_queue_name(value: object, *, setting: str = "queue") -> str:
-    """A queue name follows the rules of a KIND: 1-200 characters, letters, digits and
-    `_ . : / -`, starting with a letter or digit."""
-    if not isinstance(value, str):
-        raise TypeError(f"{setting}: expected a queue name (a str), got {value!r}")
-    if not KIND_PATTERN.fullmatch(value):
-        raise ValueError(
-            f"{setting}: invalid queue name {value!r:.80}: expected 1-200 characters, "
-            f"letters, digits and _ . : / -, starting with a letter or digit"
-        )
-    return value
 
 
 def check_kind(value: object, *, setting: str = "kind") -> str:

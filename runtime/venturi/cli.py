@@ -530,7 +530,7 @@ async def _failed(args: argparse.Namespace, queue: Queue) -> None:
             before = None
             if args.older_than is not None:
                 try:
-                    before = datetime.now(UTC) - args.older_than
+                    before = await queue.store.database_now() - args.older_than
                 except OverflowError:
                     raise UsageError("--older-than reaches back before the year 1") from None
             n = await queue.flush(queue=args.queue, kind=args.kind, before=before)
@@ -768,7 +768,7 @@ def _describe(exc: BaseException) -> str:
 
 async def _cleanup(args: argparse.Namespace, store: PostgresStore) -> None:
     try:
-        cutoff = datetime.now(UTC) - args.older_than
+        cutoff = await store.database_now() - args.older_than
     except OverflowError:
         raise UsageError(
             f"cleanup: --older-than {args.older_than.days:,} days reaches back before the "

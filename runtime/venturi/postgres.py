@@ -1417,6 +1417,11 @@ class PostgresStore:
             if n < batch_size:
                 return total
 
+    async def database_now(self) -> datetime:
+        """The database's clock now (the one every stored time is read from)."""
+        now: datetime = await self._run.fetchval(self._q["database_now"])
+        return now
+
     @_schema_required
     async def fold_counts(self, minutes_since: datetime | None = None) -> int:
         """Fold the sharded counter rows, the live counts' and the per-minute counts' (of

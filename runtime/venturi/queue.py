@@ -531,7 +531,7 @@ class Queue:
         age = to_seconds(older_than, name="prune_batches(older_than)", high=MAX_DELAY)
         if not isinstance(batch_size, int) or isinstance(batch_size, bool) or batch_size < 1:
             raise ValueError(f"prune_batches(batch_size): expected an int >= 1, got {batch_size!r}")
-        before = datetime.now(UTC) - timedelta(seconds=age)
+        before = await self.store.database_now() - timedelta(seconds=age)
         return await self.store.prune_batches(before, batch_size)
 
     async def job(self, job_id: ULID | str) -> Job | None:

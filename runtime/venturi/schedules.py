@@ -26,7 +26,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ulid import ULID
 
-from venturi.task import Task, kind_of
+from venturi.task import Task, check_queue_name, kind_of
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,199}")
 
@@ -84,6 +84,8 @@ class Schedule:
                 f"{where}: task must be a Task, or a function of the tick returning one; "
                 f"got {self.task!r:.80}"
             )
+        if self.queue is not None:
+            check_queue_name(self.queue, setting=f"{where}: queue")
         if (self.cron is None) == (self.every is None):
             raise ValueError(f"{where}: give exactly one of cron= and every=")
         try:

@@ -35,6 +35,19 @@ KIND_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,199}")
 """What a KIND (and a queue name) may be: 1-200 characters, letters, digits and _ . : / -."""
 
 
+def check_queue_name(value: object, *, setting: str = "queue") -> str:
+    """A queue name follows the rules of a KIND: 1-200 characters, letters, digits and
+    `_ . : / -`, starting with a letter or digit."""
+    if not isinstance(value, str):
+        raise TypeError(f"{setting}: expected a queue name (a str), got {value!r}")
+    if not KIND_PATTERN.fullmatch(value):
+        raise ValueError(
+            f"{setting}: invalid queue name {value!r:.80}: expected 1-200 characters, "
+            f"letters, digits and _ . : / -, starting with a letter or digit"
+        )
+    return value
+
+
 class Priority(enum.IntEnum):
     """Claim tiers: higher tiers are claimed first (with anti-starvation for lower ones)."""
 

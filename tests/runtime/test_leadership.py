@@ -11,7 +11,8 @@ import re
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta, tzinfo
+from typing import cast
 
 import asyncpg
 import pytest
@@ -260,6 +261,27 @@ async def test_the_cleaner_deletes_what_retention_names_and_nothing_else(
     jobs, journal = await remaining(pool, store.prefix)
     assert jobs == {uuids["new_done"], uuids["pending"]}
     assert uuids["old_dead"] not in journal
+
+
+async def test_the_cleaner_measures_ages_on_the_database_clock(
+    queue: Queue, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A leader whose host clock runs an hour ahead must not delete jobs that finished a
+    minute ago under a 30-minute retention."""
+    import venturi._maintenance.cleaner as cleaner
+
+    class Skewed(datetime):
+        @classmethod
+        def now(cls, tz: tzinfo | None = None) -> Skewed:
+            return cast(Skewed, datetime.now(tz) + timedelta(hours=1))
+
+    # Whatever clock the cleaner's module might read: the host's, an hour ahead.
+    monkeypatch.setattr(cleaner, "datetime", Skewed, raising=False)
+    store = queue.store
+    ids = await finished_jobs(queue, pool)
+    await RetentionCleaner(Retention(completed=timedelta(minutes=30))).run_once(store)
+    assert await queue.job(ids["new_done"]) is not None
+    assert await queue.job(ids["old_done"]) is None
 
 
 async def test_a_worker_with_retention_cleans_as_leader(queue: Queue, pool: asyncpg.Pool) -> None:

@@ -157,6 +157,13 @@ def test_a_bad_name_or_task_is_refused() -> None:
         ])  # fmt: skip
 
 
+def test_a_bad_queue_is_refused_where_the_schedule_is_made() -> None:
+    with pytest.raises(ValueError, match="Schedule 'x': queue: invalid queue name 'bad name!'"):
+        Schedule("x", Tick(), every=timedelta(minutes=1), queue="bad name!")
+    with pytest.raises(ValueError, match="invalid queue name ''"):
+        Schedule("x", Tick(), every=timedelta(minutes=1), queue="")
+
+
 # -- against the database ---------------------------------------------------------------------
 
 
@@ -254,6 +261,52 @@ async def test_overlap_skip_waits_for_the_previous_job(store: PostgresStore) -> 
 async def _skipped_at_least(queue: Queue, n: int) -> bool:
     (info,) = await queue.schedules()
     return info.skipped >= n
+
+
+async def test_a_schedule_whose_function_raises_skips_that_tick_and_the_worker_goes_on(
+    store: PostgresStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    calls = itertools.count()
+
+    def flaky(tick: datetime) -> Tick:
+        if next(calls) % 2 == 0:  # every other tick: the report's source is down, say
+            raise RuntimeError("report source unavailable")
+        return stamped(tick)
+
+    schedule = Schedule("flaky", flaky, every=timedelta(seconds=1))
+    worker: Worker[None] = Worker(None, store, concurrency=1, schedules=[schedule])
+    worker.register(Tick, lambda task, ctx, app: asyncio.sleep(0))
+    queue = Queue(store)
+    async with running(worker):  # run() would end with the function's exception
+        await until(lambda: _count_at_least(queue, 2), limit=30)
+        await until(lambda: _skipped_at_least(queue, 2), limit=30)
+    (info,) = await queue.schedules()
+    assert info.enqueued >= 2 and info.skipped >= 2
+    told = [
+        r
+        for r in caplog.records
+        if "tick" in r.getMessage() and "skipped: making" in r.getMessage()
+    ]
+    assert told and told[0].exc_info is not None  # with the function's traceback
+    assert "report source unavailable" in str(told[0].exc_info[1])
+
+
+async def test_a_function_s_kind_is_kept_when_another_worker_declares_the_schedule(
+    store: PostgresStore,
+) -> None:
+    schedule = Schedule("pulse", stamped, every=timedelta(seconds=1))
+    first: Worker[None] = Worker(None, store, concurrency=1, schedules=[schedule])
+    first.register(Tick, lambda task, ctx, app: asyncio.sleep(0))
+    queue = Queue(store)
+    async with running(first):
+        await until(lambda: _count_at_least(queue, 1), limit=30)
+    (info,) = await queue.schedules()
+    assert info.kind == "tick"
+    second: Worker[None] = Worker(None, store, concurrency=1, schedules=[schedule])
+    second.register(Tick, lambda task, ctx, app: asyncio.sleep(0))
+    async with running(second):  # declares the schedule again: its kind is not known yet
+        (info,) = await queue.schedules()
+        assert info.kind == "tick"
 
 
 async def test_venturi_schedules_lists_the_next_run(store: PostgresStore, pg_dsn: str) -> None:

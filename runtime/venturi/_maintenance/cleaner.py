@@ -7,7 +7,6 @@ service: the leader runs it."""
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime
 
 from venturi.backoff import to_seconds
 from venturi.jobs import CleanupCriteria, JobStatus
@@ -27,7 +26,7 @@ class RetentionCleaner:
         self.interval = to_seconds(retention.interval, name="Retention.interval", low=0.01)
 
     async def run_once(self, store: PostgresStore) -> None:
-        now = datetime.now(UTC)
+        now = await store.database_now()  # not this host's clock, which may be off
         for status, age in self._ages.items():
             deleted = await store.cleanup(
                 CleanupCriteria(finished_before=now - age, status=JobStatus(status)),

@@ -9,7 +9,7 @@ changes no figure anyone reads, only how many rows hold it)."""
 from __future__ import annotations
 
 import logging
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 from venturi.postgres import PostgresStore
 
@@ -34,7 +34,7 @@ class CountFold:
         self._since: datetime | None = None
 
     async def run_once(self, store: PostgresStore) -> None:
-        started = datetime.now(UTC)
+        started = await store.database_now()  # the minutes' clock, not this host's
         folded = await store.fold_counts(self._since)
         self._since = started - REFOLD
         if folded:

@@ -117,3 +117,8 @@ ORDER BY minute, queue, kind;
 SELECT claimed_pod, count(*)::bigint AS n FROM {prefix}_jobs
 WHERE status = 'claimed' AND claimed_pod IS NOT NULL
 GROUP BY claimed_pod;
+
+-- database_now --
+-- The database's clock: ages ("finished more than 7 days ago") are measured on it, as every
+-- time venturi stores is, not on the clock of the host that asks.
+SELECT now() AS now;

@@ -3,12 +3,15 @@
 -- schedule_declare --
 -- Record the schedules a worker runs. A new one starts at the database's now (its past ticks
 -- are not owed); a changed spec keeps its last tick (the new spec's next tick follows it).
+-- A function's KIND is known once it has ticked (kind ''): another worker declaring the
+-- schedule keeps the one learnt, unless the spec changed.
 INSERT INTO {prefix}_schedules AS s (name, spec, kind, last_tick, next_tick, seen_by)
 SELECT d.name, d.spec, d.kind, now(), now(), :worker
 FROM unnest(:names::text[], :specs::text[], :kinds::text[]) AS d(name, spec, kind)
 ON CONFLICT (name) DO UPDATE
     SET spec = excluded.spec,
-        kind = excluded.kind,
+        kind = CASE WHEN excluded.kind = '' AND s.spec = excluded.spec THEN s.kind
+                    ELSE excluded.kind END,
         next_tick = CASE WHEN s.spec = excluded.spec THEN s.next_tick ELSE now() END,
         seen_at = now(),
         seen_by = excluded.seen_by;
