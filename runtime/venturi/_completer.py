@@ -37,8 +37,9 @@ MAX_BATCH = 1000
 MAX_BUFFERED = 2 * MAX_BATCH
 """Past this many waiting settlements, `settle()` waits (and with it the freed slot): claims
 never run far ahead of what the database has recorded, and memory stays bounded."""
-CLOSING_ATTEMPTS = 5
-"""Attempts per batch once shutting down, before leaving the jobs to lease recovery."""
+CLOSING_AT_LEAST = 5.0
+"""Seconds the last settlements get at shutdown however long the handlers took to stop: the
+database may be away for a moment, or a lock held."""
 
 
 class _Refused(Exception):
@@ -74,6 +75,7 @@ class Completer:
         self._room = asyncio.Event()
         self._room.set()
         self._closing = False
+        self._give_up_at: float | None = None
         self._closed = False
 
     @property
@@ -143,8 +145,12 @@ class Completer:
             self._closed = True
             self._room.set()
 
-    async def close(self) -> None:
-        """Flush what is buffered and stop `run()`."""
+    async def close(self, *, until: float | None = None) -> None:
+        """Flush what is buffered and stop `run()`. What the database has not taken by
+        `until` (the event loop's clock; at least `CLOSING_AT_LEAST` from now), through an
+        outage or behind a lock, is given up on: those jobs are left to lease recovery."""
+        loop = asyncio.get_running_loop()
+        self._give_up_at = max(until or 0.0, loop.time() + CLOSING_AT_LEAST)
         self._closing = True
         self._has_items.set()
         await self._drained.wait()
@@ -198,29 +204,32 @@ class Completer:
         """The ids still owned, after retrying through outages; None if shutting down
         without a database. Raises `_Refused` for data the server will never take."""
         delay = 0.0
-        attempts_while_closing = 0
+        loop = asyncio.get_running_loop()
         while True:
+            give_up_at = self._give_up_at if self._closing else None
             try:
-                owned = await self._store.settle(
-                    batch, worker=self._worker, hook_lease_s=self._hook_lease_s
-                )
+                # Once closing, a statement waiting (for a lock, a lost server) is bounded
+                # too: whether it commits or not, the jobs are safe (written, or recovered).
+                async with asyncio.timeout_at(give_up_at):
+                    owned = await self._store.settle(
+                        batch, worker=self._worker, hook_lease_s=self._hook_lease_s
+                    )
             except Exception as exc:
                 if is_refused_data(exc):
                     raise _Refused(exc) from exc
                 if not is_database_failure(exc):
                     raise  # a bug in venturi: end the worker loudly
                 self._outage.failed(f"settling {len(batch)} jobs", exc)
-                if self._closing:
-                    attempts_while_closing += 1
-                    if attempts_while_closing > CLOSING_ATTEMPTS:
-                        logger.error(
-                            "shutdown: could not settle %d jobs (%s); their leases will "
-                            "expire and another worker will recover them",
-                            len(batch),
-                            describe(exc),
-                        )
-                        return None
                 delay = next_delay(delay)
+                if give_up_at is not None and loop.time() + delay / 2 >= give_up_at:
+                    logger.error(
+                        "shutdown: could not settle %d jobs (%s) by the end of the shutdown "
+                        "timeout; their leases will expire and another worker will recover "
+                        "them",
+                        len(batch),
+                        describe(exc),
+                    )
+                    return None
                 await self._outage.wait(delay)
                 continue
             self._outage.ok()

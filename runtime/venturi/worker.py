@@ -473,6 +473,11 @@ class Worker(Generic[AppT]):
             graceful = False
             raise
         finally:
+            # The whole shutdown's budget: what the handlers do not use, the last
+            # settlements may (through an outage, or behind a lock).
+            closing_by = asyncio.get_running_loop().time() + (
+                self.shutdown_timeout if graceful else 0.0
+            )
             producer.stopping = True
             stop.cancel()
             if claim_loop is not None:
@@ -485,7 +490,7 @@ class Worker(Generic[AppT]):
                 graceful = False
             await runner.drain(graceful=graceful, shutdown_timeout=self.shutdown_timeout)
             if not completer_task.done():
-                await completer.close()
+                await completer.close(until=closing_by)
             # The failure steps of the last deaths, too (what is cut short runs elsewhere).
             await undertaker.close(self.shutdown_timeout if graceful else 0.0)
             await maintainer.close()  # resign first: the next leader need not wait it out

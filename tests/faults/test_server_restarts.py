@@ -172,6 +172,49 @@ async def test_an_outage_longer_than_the_lease_keeps_what_the_worker_finished(
     assert all([e["outcome"] for e in es] == ["completed"] for es in journal.values())
 
 
+async def test_a_shutdown_during_an_outage_writes_the_outcomes_when_the_database_is_back(
+    restartable_pg: EmbeddedPostgres,
+) -> None:
+    """SIGTERM while the database is down, jobs ending meanwhile: the worker keeps their
+    outcomes and writes them when the server is back within its shutdown_timeout. It used to
+    give up after five attempts (about two seconds), and the jobs, finished, came back after
+    their leases as failed executions (dead, with one attempt)."""
+    pg = restartable_pg
+    prefix = f"r{next(_prefixes)}_{uuid.uuid4().hex[:8]}"
+    started: list[int] = []
+    all_started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def work(task: Work, ctx: Context[None], app: None) -> Outcome:
+        started.append(task.n)
+        if len(started) == 4:
+            all_started.set()
+        await release.wait()
+        return Outcome.completed()
+
+    async with await PostgresStore.connect(pg.dsn, prefix=prefix) as store:
+        await store.migrate()
+        await Queue(store).enqueue_many(Work(i, 0) for i in range(4))
+        worker: Worker[None] = Worker(None, store, concurrency=4, shutdown_timeout=30, lease=60)
+        worker.register(Work, work)
+        shutdown = asyncio.Event()
+        running_worker = asyncio.create_task(worker.run(shutdown))
+        await asyncio.wait_for(all_started.wait(), 30)
+        await asyncio.to_thread(pg.halt, "fast")
+        shutdown.set()
+        release.set()  # the four end while the database is away
+        await asyncio.sleep(LONG_OUTAGE)  # the outage itself, not a synchronization
+        assert not running_worker.done()  # still holding the outcomes
+        await asyncio.to_thread(pg.launch)
+        await asyncio.wait_for(running_worker, 60)
+    conn = await asyncpg.connect(pg.dsn)
+    try:
+        jobs = await conn.fetch(f"SELECT status, run_count, failures FROM {prefix}_jobs")
+    finally:
+        await conn.close()
+    assert [tuple(j) for j in jobs] == [("completed", 1, 0)] * 4
+
+
 @pytest.mark.parametrize("mode", ["fast", "immediate"])
 async def test_the_first_enqueue_after_a_restart_succeeds(
     restartable_pg: EmbeddedPostgres, mode: str

@@ -14,7 +14,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from venturi import PostgresStore, Queue
+from venturi import Context, Outcome, PostgresStore, Queue, Worker
 
 from .harness import FIGURES, fleet, read_runs, wait_until
 from .worker import Checkpoint, Stubborn, Swallower, Work
@@ -83,3 +83,43 @@ async def test_sigterm_mid_run(
         f"checkpointed, 2 aborted and released, 1 abandoned and released, 1 completed"
     )
     assert took < GRACE + 10
+
+
+async def test_a_shutdown_behind_a_table_lock_ends_within_its_budget(
+    store: PostgresStore, pg_dsn: str
+) -> None:
+    """Another session holds the jobs table (a migration waiting, a LOCK TABLE) while the
+    worker stops: the outcomes it cannot write by the end of the shutdown are left to lease
+    recovery, and the worker ends instead of waiting for the lock (it waited, with no bound,
+    past its shutdown_timeout and the pod's grace period)."""
+    started: list[int] = []
+    all_started = asyncio.Event()
+    release = asyncio.Event()
+
+    async def work(task: Work, ctx: Context[None], app: None) -> Outcome:
+        started.append(task.n)
+        if len(started) == 2:
+            all_started.set()
+        await release.wait()
+        return Outcome.completed()
+
+    await Queue(store).enqueue_many(Work(i, 0) for i in range(2))
+    worker: Worker[None] = Worker(None, store, concurrency=2, shutdown_timeout=1)
+    worker.register(Work, work)
+    shutdown = asyncio.Event()
+    running_worker = asyncio.create_task(worker.run(shutdown))
+    locker = await asyncpg.connect(pg_dsn)
+    try:
+        await asyncio.wait_for(all_started.wait(), 30)
+        tx = locker.transaction()
+        await tx.start()
+        await locker.execute(f"LOCK TABLE {store.prefix}_jobs IN ACCESS EXCLUSIVE MODE")
+        shutdown.set()
+        release.set()
+        # Ends while the lock is still held (it is released only below).
+        await asyncio.wait_for(running_worker, 30)
+        await tx.rollback()
+    finally:
+        await locker.close()
+    rows = await store._pool_or_raise().fetch(f"SELECT status FROM {store.prefix}_jobs")
+    assert [r["status"] for r in rows] == ["claimed", "claimed"]  # for lease recovery
