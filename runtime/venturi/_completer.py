@@ -205,6 +205,7 @@ class Completer:
         without a database. Raises `_Refused` for data the server will never take."""
         delay = 0.0
         loop = asyncio.get_running_loop()
+        unsure = False  # an attempt failed after sending: it may have committed
         while True:
             give_up_at = self._give_up_at if self._closing else None
             try:
@@ -220,6 +221,7 @@ class Completer:
                 if not is_database_failure(exc):
                     raise  # a bug in venturi: end the worker loudly
                 self._outage.failed(f"settling {len(batch)} jobs", exc)
+                unsure = True
                 delay = next_delay(delay)
                 if give_up_at is not None and loop.time() + delay / 2 >= give_up_at:
                     logger.error(
@@ -233,7 +235,20 @@ class Completer:
                 await self._outage.wait(delay)
                 continue
             self._outage.ok()
+            if unsure and len(owned) < len(batch):
+                owned |= await self._written_earlier([s for s in batch if s.id not in owned])
             return owned
+
+    async def _written_earlier(self, batch: list[Settlement]) -> set[uuid.UUID]:
+        """The settlements of `batch` an earlier, failed attempt wrote after all (its reply
+        was lost): theirs, not lost to another worker. Asked once; an answer the database
+        cannot give leaves them reported lost (the outcome is in the journal either way)."""
+        try:
+            return await self._store.written_by(batch, worker=self._worker)
+        except Exception as exc:
+            if not is_database_failure(exc):
+                raise
+            return set()
 
     def _report(self, batch: list[Settlement], owned: set[uuid.UUID]) -> None:
         for s in batch:

@@ -1003,6 +1003,17 @@ class PostgresStore:
         owned_ids = row["owned_ids"]  # NULL when every settlement held its claim
         return set(ids) if owned_ids is None else set(owned_ids)
 
+    async def written_by(self, settlements: Sequence[Settlement], *, worker: str) -> set[uuid.UUID]:
+        """Of `settlements`, the ids whose outcome `worker` has journaled for their run: the
+        ones an earlier attempt of a retried settle wrote (its reply lost)."""
+        rows = await self._run.fetch(
+            self._q["journal_written_by"],
+            ids=[s.id for s in settlements],
+            runs=[s.run for s in settlements],
+            worker=worker,
+        )
+        return {r["id"] for r in rows}
+
     async def renew_leases(
         self,
         ids: Sequence[uuid.UUID],

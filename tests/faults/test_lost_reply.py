@@ -12,7 +12,17 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from tests.runtime.helpers import running, until, until_status
-from venturi import Context, JobStatus, JournalOutcome, Outcome, PostgresStore, Queue, Worker
+from venturi import (
+    Context,
+    Hooks,
+    JobStatus,
+    JournalOutcome,
+    Outcome,
+    PostgresStore,
+    Queue,
+    Worker,
+)
+from venturi.hooks import Settled
 
 from .harness import FIGURES
 from .proxy import LossyProxy
@@ -150,3 +160,44 @@ async def test_members_whose_claim_reply_arrives_after_their_batch_was_cancelled
     status = await queue.batch_status(batch_id)
     assert status is not None and (status.done, status.cancelled) == (0, 3)
     assert runs == []
+
+
+async def test_a_settle_whose_reply_was_lost_is_reported_as_written(
+    pg_dsn: str, store: PostgresStore, prefix: str
+) -> None:
+    """The settle committed; the connection died before the worker read the reply. The
+    retry finds the claim cleared, by the worker's own first attempt: the outcome was
+    written, and the `settled` hook, the metrics and the log say so (they said "claim lost
+    before settling; another worker recovered it")."""
+    url = urlsplit(pg_dsn)
+    proxy = LossyProxy(url.hostname or "127.0.0.1", url.port or 5432)
+    port = await proxy.start()
+    settled: list[Settled] = []
+    done = asyncio.Event()
+
+    class Seen(Hooks):
+        def settled(self, event: Settled) -> None:
+            settled.append(event)
+            done.set()
+
+    try:
+        job_id = await Queue(store).enqueue(Work(0, 1))
+
+        async def handle(task: Work, ctx: Context[None], app: None) -> Outcome:
+            # The settle carries the result: the one message the proxy loses the reply to.
+            return Outcome.completed(result={"marker": "lose-this-settle-reply"})
+
+        via_proxy = pg_dsn.replace(f":{url.port}/", f":{port}/")
+        async with await PostgresStore.connect(via_proxy, prefix=prefix) as lossy:
+            worker = Worker(None, lossy, concurrency=1, lease=60, hooks=[Seen()])
+            worker.register(Work, handle)
+            proxy.arm(b"lose-this-settle-reply")
+            async with running(worker):
+                await asyncio.wait_for(done.wait(), 30)
+            assert proxy.fired.is_set()  # the reply was lost indeed
+    finally:
+        await proxy.close()
+
+    assert [(e.outcome, e.kept) for e in settled] == [("completed", True)]
+    journal = await Queue(store).job_journal(job_id)
+    assert [(e.outcome, e.run) for e in journal] == [(JournalOutcome.COMPLETED, 1)]
