@@ -21,6 +21,8 @@ from venturi._timeouts import wait_for
 
 logger = logging.getLogger("venturi.worker")
 
+QUERY_CANCELED = "57014"
+"""SQLSTATE of a statement cancelled by statement_timeout or pg_cancel_backend."""
 REFUSAL_LOG_INTERVAL = 60.0
 """Seconds between two ERRORs for the same refusal of the same loop."""
 
@@ -41,7 +43,19 @@ class Outage:
     def failed(self, what: str, exc: BaseException) -> None:
         """Record that `what` (a loop's name) failed against the database."""
         if is_configuration_error(exc):
-            self._refused(what, exc)
+            self._refused(
+                what, exc, "the role's privileges or the schema need mending (README: Privileges)"
+            )
+            return
+        if getattr(exc, "sqlstate", None) == QUERY_CANCELED:
+            # Answered, and cut short: a statement_timeout too short for venturi's statements
+            # (a role's or database's setting), or someone cancelling them. Not an outage.
+            self._refused(
+                what,
+                exc,
+                "a statement_timeout of the role or database (SHOW statement_timeout) "
+                "shorter than venturi's statements take, or someone cancelling them",
+            )
             return
         self._failures += 1
         if self._since is None:
@@ -71,10 +85,11 @@ class Outage:
         self._failures = 0
         self._back.set()
 
-    def _refused(self, what: str, exc: BaseException) -> None:
+    def _refused(self, what: str, exc: BaseException, why: str) -> None:
         """The database answered, and refused: a privilege, a table or a login the
-        deployment must mend. Not an outage (the other loops may well succeed meanwhile, and
-        "unavailable" then "back" would alternate): one ERROR per loop and error a minute."""
+        deployment must mend, or a statement cut short. Not an outage (the other loops may
+        well succeed meanwhile, and "unavailable" then "back" would alternate): one ERROR per
+        loop and error a minute."""
         key = (what, describe(exc))
         now = time.monotonic()
         if now - self._refusals.get(key, -REFUSAL_LOG_INTERVAL) < REFUSAL_LOG_INTERVAL:
@@ -82,11 +97,11 @@ class Outage:
             return
         self._refusals[key] = now
         logger.error(
-            "worker %s: %s was refused by the database (%s): not an outage; the role's "
-            "privileges or the schema need mending (README: Privileges); retrying",
+            "worker %s: %s was refused by the database (%s): not an outage; %s; retrying",
             self._worker,
             what,
             key[1],
+            why,
         )
 
     async def wait(self, delay: float) -> None:

@@ -135,3 +135,43 @@ async def test_a_privilege_revoked_while_a_worker_runs_is_an_error_not_an_outage
     refused = [m for m in said if "claiming was refused" in m]
     assert len(refused) == 1, said  # once, however often the claim was retried meanwhile
     assert "permission denied" in refused[0] and "README: Privileges" in refused[0]
+
+
+async def test_a_statement_timeout_too_short_is_an_error_not_an_outage(
+    store: PostgresStore, pg_dsn: str
+) -> None:
+    """A role's statement_timeout cuts the claim short (here: while it waits for a lock):
+    the worker says so, once, instead of "the database is unavailable" and "is back" in
+    turn, and claims once the statements have time."""
+    done = asyncio.Event()
+
+    async def ping(task: Ping, ctx: Context[None], app: None) -> Outcome:
+        done.set()
+        return Outcome.completed()
+
+    told = Told()
+    log = logging.getLogger("venturi.worker")
+    log.addHandler(told)
+    timeout = "ALTER ROLE {role} SET statement_timeout = '200ms'"
+    locker = await asyncpg.connect(pg_dsn)
+    try:
+        async with (
+            role(pg_dsn, store, ALL_TABLES, ALL_SEQUENCES, timeout) as dsn,
+            await PostgresStore.connect(dsn, prefix=store.prefix) as app,
+        ):
+            worker: Worker[None] = Worker(None, app)
+            worker.register(Ping, ping)
+            async with running(worker):
+                async with locker.transaction():
+                    await locker.execute(f"LOCK TABLE {store.prefix}_jobs IN ACCESS EXCLUSIVE MODE")
+                    await store._pool.execute(f"NOTIFY {store.channel}, 'ping'")  # a claim
+                    await asyncio.wait_for(told.refused.wait(), WAIT_TIMEOUT)
+                await Queue(store).enqueue(Ping(1))
+                await asyncio.wait_for(done.wait(), WAIT_TIMEOUT)
+    finally:
+        log.removeHandler(told)
+        await locker.close()
+    said = [r.getMessage() for r in told.records if r.levelno >= logging.WARNING]
+    assert not [m for m in said if "unavailable" in m or "is back" in m], said
+    refused = [m for m in said if "claiming was refused" in m]
+    assert len(refused) == 1 and "statement_timeout" in refused[0], said
