@@ -28,7 +28,9 @@ from venturi import (
     Task,
     Worker,
 )
+from venturi._maintenance import Maintainer
 from venturi._maintenance.cleaner import RetentionCleaner
+from venturi._outage import Outage
 
 from .helpers import running, until
 from .test_registry import silent_row
@@ -331,3 +333,24 @@ def test_bad_maintenance_settings_are_clear_errors(store: PostgresStore) -> None
         Retention(dead="7d")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=re.escape("Retention.batch_size: expected an int >= 1")):
         Retention(completed=60, batch_size=0)
+
+
+async def test_a_leader_past_its_deadline_starts_no_service_run(store: PostgresStore) -> None:
+    """After the process was frozen past its deadline (a SIGSTOP, a paused VM), a service's
+    timer may fire before the elector's: the run waits until the lease is renewed (or the
+    term is deposed), so a frozen leader does not act beside the one elected meanwhile."""
+    service = Counting()
+    maintainer = Maintainer(store, [service], worker="frozen", outage=Outage("frozen"))
+    loop = asyncio.get_running_loop()
+    maintainer.elector.term = 1
+    maintainer.elector.deadline = loop.time() - 1.0  # it woke up past its deadline
+    serving = asyncio.create_task(maintainer._serve(service, 1))
+    try:
+        await asyncio.sleep(0.3)  # a bounded look: nothing must happen in it
+        assert service.runs == 0
+        maintainer.elector.deadline = loop.time() + 10.0  # the elector renewed the lease
+        await asyncio.wait_for(service.ran.wait(), 10)
+        assert service.runs >= 1
+    finally:
+        serving.cancel()
+        await asyncio.gather(serving, return_exceptions=True)

@@ -28,6 +28,8 @@ from venturi.postgres import PostgresStore
 
 logger = logging.getLogger("venturi.worker")
 
+PAST_DEADLINE_CHECK = 0.05
+"""Seconds between two looks at the leader's deadline by a service that found it passed."""
 STOP_WAIT = 5.0
 """Seconds a stopping worker waits for its cancelled maintenance services to end."""
 
@@ -106,7 +108,14 @@ class Maintainer:
             )
 
     async def _serve(self, service: MaintenanceService, term: int) -> None:
+        loop = asyncio.get_running_loop()
         while True:
+            if loop.time() >= self.elector.deadline:
+                # Past the time this leader may act on its own clock (the process was
+                # frozen, say): a run starts only once the elector has renewed the lease;
+                # if it cannot, it deposes this term, and this task is cancelled.
+                await asyncio.sleep(PAST_DEADLINE_CHECK)
+                continue
             try:
                 await service.run_once(self._store)
             except Exception as exc:
