@@ -38,7 +38,8 @@ _NOTICE_PARAMS = ("notice", "n", "q")
 
 _NOTICES = {
     "retried": "Retried {n} job(s): pending again, eligible now, with every attempt again.",
-    "retried_none": "Nothing retried: the job is not dead (another click got there first?).",
+    "retried_none": "Nothing retried: the job is not dead, or no longer kept (another click "
+    "got there first?).",
     "retried_all": "Retried {n} dead job(s).",
     "retried_all_more": "Retried {n} dead job(s); more remain (at most {limit:,} a click): "
     "click again.",
