@@ -209,12 +209,17 @@ class Completer:
         while True:
             give_up_at = self._give_up_at if self._closing else None
             try:
-                # Once closing, a statement waiting (for a lock, a lost server) is bounded
-                # too: whether it commits or not, the jobs are safe (written, or recovered).
-                async with asyncio.timeout_at(give_up_at):
+                if give_up_at is None:
                     owned = await self._store.settle(
                         batch, worker=self._worker, hook_lease_s=self._hook_lease_s
                     )
+                else:
+                    # Closing: a statement waiting (for a lock, a lost server) is bounded too;
+                    # whether it commits or not, the jobs are safe (written, or recovered).
+                    async with asyncio.timeout_at(give_up_at):
+                        owned = await self._store.settle(
+                            batch, worker=self._worker, hook_lease_s=self._hook_lease_s
+                        )
             except Exception as exc:
                 if is_refused_data(exc):
                     raise _Refused(exc) from exc

@@ -44,7 +44,10 @@ class Outage:
         """Record that `what` (a loop's name) failed against the database."""
         if is_configuration_error(exc):
             self._refused(
-                what, exc, "the role's privileges or the schema need mending (README: Privileges)"
+                what,
+                exc,
+                "the role's privileges or the schema need mending (README: Migrations, "
+                "privileges and upgrades)",
             )
             return
         if getattr(exc, "sqlstate", None) == QUERY_CANCELED:

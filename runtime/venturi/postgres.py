@@ -496,8 +496,9 @@ class PostgresStore:
         runs (a DDL statement waiting for its lock would hold up every statement on the
         table). `lock_timeout=0` waits as long as it takes.
         """
-        if not (math.isfinite(lock_timeout) and lock_timeout >= 0):
-            raise ValueError(f"migrate(lock_timeout): expected seconds >= 0, got {lock_timeout!r}")
+        for name, value in (("lock_timeout", lock_timeout), ("patience", patience)):
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise ValueError(f"migrate({name}): expected seconds >= 0, got {value!r}")
         started = time.monotonic()
         pause = 1.0
         while True:
@@ -618,9 +619,8 @@ class PostgresStore:
         """Raise `SchemaError` naming the prefix's tables on which this store's role lacks a
         privilege a worker needs (SELECT, INSERT, UPDATE and DELETE on each, SELECT only on
         the migrations' record, USAGE on the journal's id sequence), with the GRANT that
-        mends it. Workers run it at start, after
-        `check_schema`: a role granted before a migration added a table would otherwise
-        claim nothing, each claim refused."""
+        mends it. Workers run it at start, after `check_schema`: a role granted before a
+        migration added a table would otherwise claim nothing, each claim refused."""
         tables = [f"{self._prefix}_{suffix}" for suffix in sql.table_suffixes()]
         rows = await self._run.fetch(self._q["privileges_missing"], tables=tables)
         if not rows:
@@ -635,7 +635,7 @@ class PostgresStore:
             f"ON ALL TABLES IN SCHEMA {schema} TO {role}; GRANT USAGE ON ALL SEQUENCES IN "
             f"SCHEMA {schema} TO {role}; and, so that the tables a later migration adds are "
             f"granted too, ALTER DEFAULT PRIVILEGES as the role that migrates (README: "
-            f"Privileges)"
+            f"Migrations, privileges and upgrades)"
         )
 
     def _refuse_newer(self, done: set[int]) -> None:

@@ -134,7 +134,7 @@ async def test_a_privilege_revoked_while_a_worker_runs_is_an_error_not_an_outage
     assert not [m for m in said if "unavailable" in m or "is back" in m], said
     refused = [m for m in said if "claiming was refused" in m]
     assert len(refused) == 1, said  # once, however often the claim was retried meanwhile
-    assert "permission denied" in refused[0] and "README: Privileges" in refused[0]
+    assert "permission denied" in refused[0] and "README: Migrations, privileges" in refused[0]
 
 
 async def test_a_statement_timeout_too_short_is_an_error_not_an_outage(
