@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import re
 import time
 import uuid
 from collections.abc import Awaitable, Callable
@@ -34,7 +35,7 @@ from ulid import ULID
 from venturi import logs
 from venturi._records import ClaimedJob, Settlement
 from venturi.backoff import Backoff, retry_delay
-from venturi.codec import DEFAULT_CODEC, Codec
+from venturi.codec import DEFAULT_CODEC, Codec, looks_sealed
 from venturi.context import Cancellation, CancelReason, Context, ProgressCell
 from venturi.errors import PayloadError
 from venturi.outcome import Outcome, PanicPolicy, TaskError, failure_note
@@ -86,7 +87,7 @@ async def execute(
         task = policy.codec.decode(reg.task_type, job.payload, kind=job.kind, job_id=job.id)
         carry = _decode_carry(policy.codec, reg.carry_type, job)
     except (msgspec.ValidationError, msgspec.DecodeError, TypeError, ValueError) as exc:
-        note = f"undecodable payload for kind {job.kind!r}: {exc}"
+        note = f"undecodable payload for kind {job.kind!r}: {_decode_error(exc, job)}"
         logger.error("job %s (%s) dead: %s", logs.ShownId(job.id), job.kind, note, extra=log_extra)
         return Settlement.of(job, "dead", note=note, duration_s=0.0, hook_token=uuid.uuid4())
 
@@ -261,6 +262,26 @@ def _timed_out(
         f"timeout: the run took longer than its timeout of {job.timeout_s:g}s{stuck}"
     )
     return _failure(job, ctx, policy, error, started, permanent=False)
+
+
+_AT_PATH = re.compile(r" - at `([^`]*)`$")
+
+
+def _decode_error(exc: Exception, job: ClaimedJob) -> str:
+    """The decoder's message, but of an encrypted task's payload or carry only where it went
+    wrong: msgspec quotes the value it rejected ("Invalid enum value 'visa-...'"), and the
+    message becomes the job's last error, its journal note and a log line, which never hold
+    an encrypted task's plaintext."""
+    if not isinstance(exc, msgspec.ValidationError) or not (
+        is_encrypted_kind(job.kind) or looks_sealed(job.payload)
+    ):
+        return str(exc)
+    at = _AT_PATH.search(str(exc))
+    where = f" at `{at.group(1)}`" if at else ""
+    return (
+        f"the decrypted value does not fit the task class{where} (the decoder's message is "
+        "withheld: it may quote the encrypted value)"
+    )
 
 
 def _decode_carry(codec: Codec, carry_type: type[Any] | None, job: ClaimedJob) -> Any:

@@ -91,6 +91,12 @@ class JsonCodec:
             raise PayloadError(
                 f"cannot encode {_what(value, role, kind)}: {_culprit(value)}{exc}"
             ) from None
+        if len(data) > MAX_JSON_BYTES:
+            raise PayloadError(
+                f"cannot encode {_what(value, role, kind)}: {len(data):,} bytes of JSON, more "
+                f"than PostgreSQL's jsonb holds ({MAX_JSON_BYTES:,}); store large data "
+                "elsewhere and pass a reference"
+            )
         # NaN and infinity are written as null, a NUL as \u0000: scan (fast) before looking.
         if data.find(b"null") != -1 or 92 in data:  # 92: a backslash
             problem = json_problem(data, value)
@@ -128,6 +134,11 @@ class JsonCodec:
         key_id = sealed_key(value) if looks_sealed(data) else None
         return value if key_id is None else {SEALED_MARKER: key_id}
 
+
+MAX_JSON_BYTES = 0x0FFFFFFF
+"""The most JSON a payload or carry may be (268,435,455 bytes): the most a jsonb value's
+contents may take in PostgreSQL, which refuses more with an error that names neither the task
+nor the field."""
 
 SEALED_MARKER = "venturi:sealed"
 """The one key of an encrypted value's JSON envelope (see venturi.encryption)."""

@@ -220,6 +220,11 @@ class SealedCodec:
         """The inner text of a stored value: opened if sealed, else as it is (a job stored
         before its task was marked encrypted still runs; `venturi rekey` seals it)."""
         if sealed_key_id(data) is None:
+            if looks_sealed(data):
+                raise ValueError(
+                    f"the value is a malformed encrypted envelope (its {MARKER!r} holds no "
+                    "sealed text): it was not written by venturi, and cannot be opened"
+                )
             return data
         if job_id is None or not kind:
             raise ValueError("a sealed value opens only with its job id and kind")

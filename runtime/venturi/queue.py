@@ -144,6 +144,10 @@ def new_ids(n: int) -> list[ULID]:
     return [ULID((first + i).to_bytes(16, "big")) for i in range(n)]  # from_int, inlined
 
 
+REKEY_SHOWN = 5
+"""Values `rekey` could not open that its error names (it counts the rest)."""
+
+
 class Queue:
     """Enqueue jobs and read their state. Cheap to create; share one per store.
 
@@ -601,11 +605,16 @@ class Queue:
         """Seal again, with the key ring's current key, every stored payload and carry sealed
         with an older key (all jobs, finished ones too), so the old keys can be retired;
         returns how many jobs were rewritten. Needs `codec=SealedCodec(...)` holding the old
-        keys as well. Safe while workers run: a value written in between is kept."""
+        keys as well. Safe while workers run: a value written in between is kept.
+
+        A value that does not open (its key left the ring, or it was tampered with) is left
+        as it is and the rest rewritten; then `ValueError` says how many were rewritten and
+        names those left (do not retire their key until they are dealt with)."""
         codec = self.codec
         if not isinstance(codec, SealedCodec):
             raise TypeError("rekey: the Queue's codec must be a SealedCodec with the key ring")
         after, total = uuid.UUID(int=0), 0
+        unopened: list[str] = []
         while rows := await self.store.sealed_after(after, codec.ring.current, batch_size):
             rewrites = []
             for r in rows:
@@ -616,11 +625,22 @@ class Queue:
                     if r["carry"] is not None:
                         carry = codec.reseal(r["carry"], kind=kind, job_id=job_id)
                 except ValueError as exc:
-                    ulid = ULID.from_bytes(job_id.bytes)
-                    raise ValueError(f"rekey: job {ulid} ({kind}): {exc}") from None
+                    unopened.append(f"job {ULID.from_bytes(job_id.bytes)} ({kind}): {exc}")
+                    continue
                 rewrites.append((job_id, r["payload"], payload, r["carry"], carry))
             total += await self.store.rewrite_sealed(rewrites)
             after = rows[-1]["id"]
+        if unopened:
+            shown = "; ".join(unopened[:REKEY_SHOWN])
+            more = (
+                f"; and {len(unopened) - REKEY_SHOWN:,} more" if len(unopened) > REKEY_SHOWN else ""
+            )
+            raise ValueError(
+                f"rekey: rewrote {total:,} jobs with key {codec.ring.current!r}, but "
+                f"{len(unopened):,} did not open and were left as they are: {shown}{more}. "
+                "Keep their keys in the ring until they are dealt with (deleted with `venturi "
+                "failed forget` or `cleanup`, or their key put back)"
+            )
         return total
 
     async def job_journal(self, job_id: ULID | str) -> list[JournalEntry]:

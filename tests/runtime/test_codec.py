@@ -9,8 +9,10 @@ from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 import msgspec
+import pytest
 from ulid import ULID
 
+import venturi.codec
 from venturi import (
     Codec,
     Context,
@@ -19,6 +21,7 @@ from venturi import (
     JsonCodec,
     Merge,
     Outcome,
+    PayloadError,
     Pending,
     PostgresStore,
     Queue,
@@ -136,3 +139,19 @@ async def test_a_worker_with_another_codec_cannot_read_the_jobs(store: PostgresS
     job = await queue.job(job_id)
     assert job is not None and job.last_error is not None
     assert job.last_error.startswith("undecodable payload for kind 'walk'")
+
+
+def test_a_payload_larger_than_jsonb_holds_is_a_payload_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The real bound is 268,435,455 bytes; a small one here spares the test the memory.
+    monkeypatch.setattr(venturi.codec, "MAX_JSON_BYTES", 1000)
+    with pytest.raises(PayloadError, match=r"payload of Big \(big\): 2,0\d\d bytes of JSON, more"):
+        JsonCodec().encode(Big("x" * 2000), kind="big")
+    JsonCodec().encode(Big("x" * 900), kind="big")  # under it: fine
+
+
+@dataclass
+class Big(Task):
+    KIND = "big"
+    blob: str

@@ -12,9 +12,11 @@ import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
+from typing import Literal
 
 import msgspec
 import pytest
+from ulid import ULID
 
 from venturi import (
     Context,
@@ -75,7 +77,7 @@ def ring(*ids: str) -> KeyRing:
     return KeyRing({i: KEYS[i] for i in ids})
 
 
-KEYS = {"k1": new_key(), "k2": new_key()}
+KEYS = {"k1": new_key(), "k2": new_key(), "k3": new_key()}
 
 
 async def raw(store: PostgresStore, job_id: object, column: str = "payload") -> str | None:
@@ -164,6 +166,37 @@ async def test_a_key_the_ring_lacks_fails_the_job_for_good_at_once(store: Postgr
     assert job is not None and job.run_count == 1 and seen == []
     assert "key 'k1', which is not in the key ring (it has 'k2')" in (job.last_error or "")
     assert SECRET not in (job.last_error or "")
+
+
+@dataclass
+class NarrowedCharge(Task[Seen]):
+    """`Charge` as the next release declares it: the card's field narrowed to a Literal,
+    which a stored value no longer fits."""
+
+    KIND = "charge"
+    ENCRYPTED = True
+    card: Literal["visa", "amex"]
+    times: int = 1
+
+
+async def test_a_payload_that_no_longer_fits_fails_without_quoting_the_plaintext(
+    store: PostgresStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    codec = SealedCodec(ring("k1"))
+    queue = Queue(store, codec=codec)
+    job_id = await queue.enqueue(Charge(SECRET))
+    worker: Worker[None] = Worker(None, store, codec=codec)
+    worker.register(NarrowedCharge, lambda task, ctx, app: None)  # type: ignore[arg-type,return-value]
+    caplog.set_level(logging.DEBUG, logger="venturi")
+    async with running(worker):
+        await until_status(queue, job_id, JobStatus.DEAD)
+    job = await queue.job(job_id)
+    assert job is not None and job.last_error is not None
+    # msgspec's own message quotes the value ("Invalid enum value '4111-...'"): withheld.
+    assert "does not fit the task class at `$.card`" in job.last_error
+    assert SECRET not in job.last_error
+    assert SECRET not in repr(await queue.job_journal(job_id))
+    assert SECRET not in caplog.text
 
 
 async def test_a_worker_without_keys_says_so(store: PostgresStore) -> None:
@@ -260,6 +293,22 @@ async def test_rotation_then_rekey_retires_the_old_key(store: PostgresStore, pg_
     assert (SECRET, []) in seen
 
 
+async def test_rekey_goes_past_a_value_that_does_not_open_and_names_it(
+    store: PostgresStore,
+) -> None:
+    lost = await Queue(store, codec=SealedCodec(ring("k3"))).enqueue(Charge(SECRET))  # k3 dropped
+    old = [await Queue(store, codec=SealedCodec(ring("k1"))).enqueue(Charge(SECRET)) for _ in "ab"]
+    queue = Queue(store, codec=SealedCodec(ring("k2", "k1")))
+    with pytest.raises(ValueError, match="did not open") as raised:
+        await queue.rekey(batch_size=1)
+    message = str(raised.value)
+    assert "rewrote 2 jobs with key 'k2', but 1 did not open" in message
+    assert f"job {lost} (charge): sealed with key 'k3'" in message
+    assert SECRET not in message
+    assert [key_of(await raw(store, j.to_uuid())) for j in old] == ["k2", "k2"]
+    assert key_of(await raw(store, lost.to_uuid())) == "k3"  # left as it was
+
+
 def test_key_ring_errors_name_the_key_never_its_bytes() -> None:
     short = base64.b64encode(b"x" * 16).decode()
     with pytest.raises(ValueError, match="key 'k1' is 16 bytes; AES-256 needs 32") as info:
@@ -285,3 +334,9 @@ def test_key_ring_errors_name_the_key_never_its_bytes() -> None:
     assert KEYS["k1"][:8] not in str(info.value)
     with pytest.raises(ValueError, match=r"\$VENTURI_KEYS_UNSET is not set"):
         KeyRing.from_env("VENTURI_KEYS_UNSET")
+
+
+def test_a_malformed_envelope_is_named_as_such() -> None:
+    codec = SealedCodec(ring("k1"))
+    with pytest.raises(ValueError, match="malformed encrypted envelope"):
+        codec.decode(Charge, '{"venturi:sealed": 5}', kind="charge", job_id=ULID())
