@@ -104,6 +104,14 @@ class Tracing:
                 context = carrier.get("traceparent")
             yield [context] * len(jobs)
 
+    def merged(self, holder: ULID) -> None:
+        """Called inside `enqueue`'s block when the job was merged into `holder` (a dedup
+        key's pending job, or a unique id's holder): the span names the job that was
+        stored, not the id the enqueue would have had."""
+        span = trace.get_current_span()
+        span.set_attribute("messaging.message.id", str(holder))
+        span.set_attribute("venturi.job.merged", True)
+
     # -- consuming: a middleware (venturi.middleware) --------------------------------
 
     @property

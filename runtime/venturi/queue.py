@@ -12,12 +12,13 @@ async with conn.transaction():                 # the caller's connection and tra
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -214,7 +215,11 @@ class Queue:
             return await self._insert_untraced(store, task, job)
         with self.tracer.enqueue(job.queue, [(job.id, job.kind)]) as contexts:
             job.trace_context = contexts[0]
-            return await self._insert_untraced(store, task, job)
+            holder = await self._insert_untraced(store, task, job)
+            merged = getattr(self.tracer, "merged", None)  # optional: venturi.otel's has it
+            if holder != job.id and merged is not None:
+                merged(holder)
+            return holder
 
     async def _insert_untraced(self, store: PostgresStore, task: Task[Any], job: NewJob) -> ULID:
         if job.unique_key is not None:
@@ -414,6 +419,26 @@ class Queue:
             first, ids, kinds, [tier] * len(ids), payloads, queues=by_job, trace_contexts=traces
         )
 
+    @contextlib.contextmanager
+    def _send_span(self, *groups: NewJobs) -> Iterator[None]:
+        """The tracer's `send` span around storing `groups` (a chain's links, a batch's
+        members and callbacks), each job's trace context set from it; nothing without a
+        tracer."""
+        if self.tracer is None:
+            yield
+            return
+        jobs = [
+            (ULID.from_bytes(i.bytes), kind)
+            for group in groups
+            for i, kind in zip(group.ids, group.kinds, strict=True)
+        ]
+        with self.tracer.enqueue(groups[0].queue, jobs) as contexts:
+            start = 0
+            for group in groups:
+                group.trace_contexts = _optional_column(contexts[start : start + len(group.ids)])
+                start += len(group.ids)
+            yield
+
     def _enqueued(self, jobs: NewJobs) -> None:
         """Tell the hooks about `jobs`, just stored."""
         if not self.hooks.active:
@@ -446,7 +471,8 @@ class Queue:
                     "chain's links cannot merge into other jobs"
                 )
         links = NewJobs.of(jobs)
-        await self._store_for(conn, False).insert_chain(links)
+        with self._send_span(links):
+            await self._store_for(conn, False).insert_chain(links)
         self._enqueued(links)
         return [j.id for j in jobs]
 
@@ -482,7 +508,8 @@ class Queue:
         batch_id = new_ids(1)[0]
         row = NewBatch(uuid.UUID(bytes=batch_id.bytes), batch.name, batch.failures_allowed)
         store = self._store_for(conn, False)
-        await store.insert_batch(row, members, callbacks, roles)
+        with self._send_span(members, callbacks):
+            await store.insert_batch(row, members, callbacks, roles)
         self._enqueued(members)
         self._enqueued(callbacks)
         logger.debug("enqueued batch %s: %d jobs", batch_id, len(members))

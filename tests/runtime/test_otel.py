@@ -24,6 +24,7 @@ from ulid import ULID
 from venturi import (
     Backoff,
     Context,
+    DedupKey,
     JobStatus,
     Outcome,
     PostgresStore,
@@ -333,3 +334,44 @@ def test_venturi_runs_without_opentelemetry_installed() -> None:
     )
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == "venturi.otel needs opentelemetry-api: install venturi[otel]"
+
+
+async def test_chains_and_batches_are_traced_like_any_enqueue(
+    store: PostgresStore, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    queue = Queue(store, tracer=Tracing(provider))
+    links = await queue.chain(Traced(1), Traced(2), Traced(3))
+    [chained] = named(exporter, "send ")
+    assert (chained.attributes or {})["messaging.batch.message_count"] == 3
+    assert [await stored_context(store, i) for i in links] == [traceparent(chained)] * 3
+    exporter.clear()
+    batch_id = await queue.batch("traced").add(Traced(4), Traced(5)).then(Traced(6)).enqueue()
+    [batched] = named(exporter, "send ")
+    assert (batched.attributes or {})["messaging.batch.message_count"] == 3  # with the callback
+    rows = await store._pool.fetch(
+        f"SELECT trace_context FROM {store.prefix}_jobs WHERE batch_id = $1", batch_id.to_uuid()
+    )
+    assert [r["trace_context"] for r in rows] == [traceparent(batched)] * 3
+
+
+@dataclass
+class Keyed(Task):
+    KIND = "otel.keyed"
+    key: str = "k"
+
+    def dedup_key(self) -> DedupKey | None:
+        return DedupKey(self.key)
+
+
+async def test_a_merged_enqueue_s_span_names_the_job_that_holds_the_work(
+    store: PostgresStore, provider: TracerProvider, exporter: InMemorySpanExporter
+) -> None:
+    queue = Queue(store, tracer=Tracing(provider))
+    first = await queue.enqueue(Keyed())
+    again = await queue.enqueue(Keyed())  # merged into the first (the default keeps it)
+    assert again == first
+    first_send, second_send = named(exporter, "send ")
+    assert (first_send.attributes or {})["messaging.message.id"] == str(first)
+    assert (second_send.attributes or {})["messaging.message.id"] == str(first)
+    assert (second_send.attributes or {})["venturi.job.merged"] is True
+    assert "venturi.job.merged" not in (first_send.attributes or {})
