@@ -59,6 +59,7 @@ from venturi.jobs import (
     JobFilter,
     JobStatus,
     JournalEntry,
+    QueueStats,
     Stats,
 )
 from venturi.pauses import QueueState
@@ -248,6 +249,7 @@ def _parser() -> argparse.ArgumentParser:
     jobs = sub.add_parser("jobs", parents=[common], help="list jobs, newest first")
     jobs.add_argument("--status", choices=[s.value for s in JobStatus])
     jobs.add_argument("--kind")
+    jobs.add_argument("--queue", help="only this named queue's jobs")
     jobs.add_argument("--limit", type=positive_int, default=50)
     jobs.add_argument("--before", help="job id: list jobs older than this one (paging)")
 
@@ -443,6 +445,7 @@ async def _run(args: argparse.Namespace) -> int:
                 JobFilter(
                     status=JobStatus(args.status) if args.status else None,
                     kind=args.kind,
+                    queue=check_queue_name(args.queue, setting="--queue") if args.queue else None,
                     limit=args.limit,
                     before_id=_ulid(args.before) if args.before else None,
                 )
@@ -800,15 +803,36 @@ def _out(args: argparse.Namespace, data: Any, text: str) -> None:
     print(json.dumps(data, indent=2, default=str) if args.json else text)
 
 
-def _stats_json(s: Stats) -> dict[str, Any]:
+def _counts_json(s: Stats | QueueStats) -> dict[str, Any]:
+    """Every figure of `Stats` (or one queue's), by kind and summed, as `stats()` has them."""
     return {
         "pending_by_kind": dict(s.pending_by_kind),
         "scheduled_by_kind": dict(s.scheduled_by_kind),
         "claimed_by_kind": dict(s.claimed_by_kind),
         "dead_by_kind": dict(s.dead_by_kind),
+        "completed_by_kind": dict(s.completed_by_kind),
         "oldest_pending_age_by_kind": dict(s.oldest_pending_age_by_kind),
+        "done_last_hour_by_kind": dict(s.done_last_hour_by_kind),
+        "failed_last_hour_by_kind": dict(s.failed_last_hour_by_kind),
+        "pending": s.pending,
+        "scheduled": s.scheduled,
+        "claimed": s.claimed,
+        "dead": s.dead,
+        "completed": s.completed,
         "oldest_pending_age": s.oldest_pending_age,
+        "done_last_hour": s.done_last_hour,
+        "failed_last_hour": s.failed_last_hour,
+    }
+
+
+def _stats_json(s: Stats) -> dict[str, Any]:
+    return {
+        **_counts_json(s),
         "paused_queues": sorted(s.paused_queues),
+        "paused_by_kind": dict(s.paused_by_kind),
+        "queues": {
+            name: {**_counts_json(q), "paused": q.paused} for name, q in sorted(s.queues.items())
+        },
     }
 
 
@@ -958,11 +982,12 @@ def _job_json(j: Job) -> dict[str, Any]:
 def _jobs_text(jobs: list[Job]) -> str:
     if not jobs:
         return "no jobs"
-    rows = [("ID", "KIND", "STATUS", "RUNS", "FAILS", "CREATED", "LAST ERROR")]
+    rows = [("ID", "QUEUE", "KIND", "STATUS", "RUNS", "FAILS", "CREATED", "LAST ERROR")]
     for j in jobs:
         rows.append(
             (
                 str(j.id),
+                j.queue,
                 j.kind,
                 j.status.value,
                 str(j.run_count),

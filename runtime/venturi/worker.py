@@ -488,12 +488,15 @@ class Worker(Generic[AppT]):
                 # Nothing can write outcomes any more: the leases will bring the jobs back.
                 logger.error("worker %s: the completer stopped; leaving jobs to recovery", identity)
                 graceful = False
+            # A stopping worker leads nothing: it resigns now (the next leader need not wait
+            # out its lease) and stands for no term during its grace period.
+            resigning = asyncio.create_task(maintainer.close())
             await runner.drain(graceful=graceful, shutdown_timeout=self.shutdown_timeout)
             if not completer_task.done():
                 await completer.close(until=closing_by)
             # The failure steps of the last deaths, too (what is cut short runs elsewhere).
             await undertaker.close(self.shutdown_timeout if graceful else 0.0)
-            await maintainer.close()  # resign first: the next leader need not wait it out
+            await resigning
             for task in background:
                 task.cancel()
             await asyncio.gather(*background, return_exceptions=True)

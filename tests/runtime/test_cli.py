@@ -58,6 +58,11 @@ async def test_operations_commands(queue: Queue, pg_dsn: str) -> None:
     job_id = await queue.enqueue(Echo(text="hello"))
     stats = json.loads(venturi("stats", "--json", dsn=pg_dsn, prefix=prefix).stdout)
     assert stats["pending_by_kind"] == {"echo": 1}
+    # Every figure stats() has, per queue too (scripts read them here).
+    assert (stats["pending"], stats["completed"], stats["done_last_hour"]) == (1, 0, 0)
+    assert stats["queues"]["default"]["pending_by_kind"] == {"echo": 1}
+    assert stats["queues"]["default"]["paused"] is False
+    assert stats["paused_by_kind"] == {}
     text = venturi("stats", dsn=pg_dsn, prefix=prefix).stdout
     assert text.splitlines()[0].split() == [
         "KIND",
@@ -73,6 +78,10 @@ async def test_operations_commands(queue: Queue, pg_dsn: str) -> None:
         venturi("jobs", "--json", "--kind", "echo", dsn=pg_dsn, prefix=prefix).stdout
     )
     assert [j["id"] for j in listed] == [str(job_id)]
+    by_queue = venturi("jobs", "--json", "--queue", "default", dsn=pg_dsn, prefix=prefix)
+    assert [j["id"] for j in json.loads(by_queue.stdout)] == [str(job_id)]
+    other = venturi("jobs", "--json", "--queue", "other", dsn=pg_dsn, prefix=prefix)
+    assert json.loads(other.stdout) == []
     assert listed[0]["payload"] == {"text": "hello"}
     journal = json.loads(
         venturi("journal", str(job_id), "--json", dsn=pg_dsn, prefix=prefix).stdout

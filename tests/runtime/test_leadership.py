@@ -354,3 +354,14 @@ async def test_a_leader_past_its_deadline_starts_no_service_run(store: PostgresS
     finally:
         serving.cancel()
         await asyncio.gather(serving, return_exceptions=True)
+
+
+async def test_a_worker_that_resigned_stands_for_no_term(store: PostgresStore) -> None:
+    """A stopping worker resigns at the start of its shutdown and stays out of the election
+    for its grace period: it took the lease when the leader stopped first, leading while it
+    wound down."""
+    elector = Maintainer(store, [], worker="stopping", outage=Outage("stopping")).elector
+    await elector.resign()
+    await asyncio.wait_for(elector.run(), 10)  # returns at once: no campaign
+    lease = await store.leadership.lease()
+    assert elector.term is None and (lease is None or lease.leader != "stopping")

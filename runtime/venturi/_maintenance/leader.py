@@ -81,10 +81,12 @@ class Elector:
         """The term this worker leads (None: it does not lead)."""
         self.deadline = 0.0
         """Loop time until which this worker may act as leader."""
+        self._retired = False
+        """Set by `resign`: a stopping worker stands for no term again."""
 
     async def run(self) -> None:
         delay = 0.0
-        while True:
+        while not self._retired:
             now = self._loop.time()
             if self.term is not None and now >= self.deadline:
                 self._depose("its lease could not be renewed in time")
@@ -104,6 +106,10 @@ class Elector:
                 continue
             self._outage.ok()
             delay = 0.0
+            if self._retired:
+                if attempt.term is not None and attempt.term != self.term:
+                    await self._hand_back(attempt.term)  # won as the worker began to stop
+                return
             if attempt.term is None:
                 if self.term is not None:
                     self._depose("another worker took the lease")
@@ -145,11 +151,16 @@ class Elector:
         self._on_deposed(term, why)
 
     async def resign(self) -> None:
-        """Hand the lease back at a clean exit, so the next leader need not wait it out."""
+        """Hand the lease back at a clean exit, so the next leader need not wait it out;
+        from then on this worker stands for no term (it is stopping)."""
+        self._retired = True
         term, self.term = self.term, None
         if term is None:
             return
         self._on_deposed(term, "the worker is stopping")
+        await self._hand_back(term)
+
+    async def _hand_back(self, term: int) -> None:
         try:
             await wait_for(self._store.leadership.resign(worker=self._worker, term=term), 2.0)
         except Exception as exc:
