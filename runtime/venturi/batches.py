@@ -46,10 +46,15 @@ class Batch:
         name: str,
         submit: Callable[[Batch, Connection | None], Awaitable[ULID]],
     ) -> None:
-        if not isinstance(name, str) or not name.strip() or len(name) > NAME_MAX_CHARS:
+        if (
+            not isinstance(name, str)
+            or not name.strip()
+            or len(name) > NAME_MAX_CHARS
+            or "\x00" in name  # PostgreSQL's text cannot hold it
+        ):
             raise ValueError(
                 f"batch name: expected a non-blank string of at most {NAME_MAX_CHARS} "
-                f"characters, got {name!r:.80}"
+                f"characters without NUL, got {name!r:.80}"
             )
         self.name = name
         self.members: list[Task[Any]] = []

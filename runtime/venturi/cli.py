@@ -388,6 +388,11 @@ async def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         from venturi.demo import run_demo
 
+        if args.dashboard:  # before the demo runs, not after it
+            try:
+                import venturi.dashboard  # noqa: F401
+            except ImportError as exc:
+                raise UsageError(f"demo --dashboard: {exc}") from None
         prefix = args.prefix if args.prefix != DEFAULT_PREFIX else "venturi_demo"
         await run_demo(
             args.dsn,
@@ -738,8 +743,8 @@ async def _worker(args: argparse.Namespace, store: PostgresStore) -> None:
             raise UsageError(f"worker: --queue names a queue twice: {args.queue!r}")
     if args.unknown_kinds is not None:
         built.unknown_kinds = args.unknown_kinds
-    await store.check_schema()  # before saying "serving" (run() checks again)
-    await store.check_privileges()
+    await store.check_privileges()  # before saying "serving" (run() checks again)
+    await store.check_schema()
     shutdown = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -29,6 +29,7 @@ from collections import Counter
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Generic, TypeVar
 
+from venturi import logs
 from venturi._completer import Completer
 from venturi._db.failures import is_configuration_error, is_database_failure
 from venturi._db.registry import WorkerRow
@@ -328,7 +329,28 @@ class Worker(Generic[AppT]):
 
         A database that is down when the worker starts, or goes away later, is waited for;
         only a bug in venturi ends `run()` early, by raising it (after draining).
+
+        Every log record of the worker's tasks (and its handlers') carries its identity as
+        the field `worker` (`venturi.logs.JsonFormatter`).
         """
+        with logs.bound({"worker": str(self.identity)}):
+            await self._run(
+                shutdown,
+                once=once,
+                stop_when_empty=stop_when_empty,
+                max_jobs=max_jobs,
+                max_time=max_time,
+            )
+
+    async def _run(
+        self,
+        shutdown: asyncio.Event | None,
+        *,
+        once: bool,
+        stop_when_empty: bool,
+        max_jobs: int | None,
+        max_time: Seconds | None,
+    ) -> None:
         if self._started:
             raise RuntimeError("a Worker runs once; create a new one")
         if not self._registry:
@@ -528,8 +550,8 @@ class Worker(Generic[AppT]):
         delay = 0.0
         while True:
             try:
+                await self.store.check_privileges()  # first: it reads no table of the prefix
                 await self.store.check_schema()
-                await self.store.check_privileges()
                 break
             except Exception as exc:
                 if not is_database_failure(exc) or is_configuration_error(exc):

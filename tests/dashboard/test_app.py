@@ -106,12 +106,17 @@ async def test_an_action_needs_the_same_origin_and_the_token(store: PostgresStor
 
         done = await http.post(path, data={"csrf": token, "next": "/failed"}, headers=origin)
         assert done.status_code == 303
-        assert done.headers["location"] == "/failed?notice=retried&n=1"
+        assert done.headers["location"].startswith("/failed?notice=retried&n=1&ns=")
+        # The redirect's banner shows; the same notice without this browser's signature
+        # (a link crafted elsewhere) shows nothing.
+        assert "Retried 1 job(s)" in (await http.get(done.headers["location"])).text
+        crafted = await http.get("/failed?notice=retried&n=1&ns=" + "0" * 32)
+        assert "Retried" not in crafted.text
         job = await Queue(store).job(job_id)
         assert job is not None and job.status is JobStatus.PENDING
 
         again = await http.post(path, data={"csrf": token, "next": "/failed"}, headers=origin)
-        assert again.headers["location"] == "/failed?notice=retried_none&n=0"
+        assert again.headers["location"].startswith("/failed?notice=retried_none&n=0&ns=")
         away = await http.post(
             path, data={"csrf": token, "next": "https://evil.example/"}, headers=origin
         )
@@ -159,7 +164,7 @@ async def test_mounted_under_a_prefix_its_links_and_actions_keep_the_prefix(
             headers={"origin": "http://127.0.0.1:8080"},
         )
         assert done.status_code == 303
-        assert done.headers["location"] == "/ops/queue/failed?notice=forgot&n=1"
+        assert done.headers["location"].startswith("/ops/queue/failed?notice=forgot&n=1&ns=")
         assert (await http.get("/ops/queue/")).status_code == 200
     assert await Queue(store).job(job_id) is None
 
@@ -233,3 +238,17 @@ def test_bad_settings_are_refused(store: PostgresStore) -> None:
         dashboard.app(store, refresh=0)
     with pytest.raises(ValueError, match="statement_timeout"):
         dashboard.app(store, statement_timeout=0)
+
+
+async def test_cancelling_a_batch_that_had_finished_says_so(store: PostgresStore) -> None:
+    batch_id = await Queue(store).batch("empty").enqueue()  # no members: finished at once
+    origin = {"origin": "http://127.0.0.1:8080"}
+    async with client(dashboard.app(store, gate=lambda r: True)) as http:
+        await http.get(f"/batches/{batch_id}")  # (a stale page's form: the cookie's token)
+        token = http.cookies["venturi_csrf"]
+        done = await http.post(f"/batches/{batch_id}/cancel", data={"csrf": token}, headers=origin)
+        assert done.status_code == 303 and "notice=cancelled_none" in done.headers["location"]
+        page = (await http.get(done.headers["location"])).text
+    assert "Nothing cancelled: the batch had finished" in page
+    status = await Queue(store).batch_status(batch_id)
+    assert status is not None and status.cancelled_at is None  # left as it ended

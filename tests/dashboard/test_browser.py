@@ -133,7 +133,7 @@ async def test_retry_forget_and_retry_all_change_the_database(
         await screenshot(page, "failed", tmp_path)
 
         await page.click(f"tr[data-job='{first}'] [data-action=retry]")
-        await page.wait_for_url("**/failed?notice=retried&n=1")
+        await page.wait_for_url("**/failed?notice=retried&n=1&ns=*")
         assert "Retried 1 job" in await text(page, ".notice")
         job = await queue.job(first)
         assert job is not None and job.status is JobStatus.PENDING
@@ -143,12 +143,12 @@ async def test_retry_forget_and_retry_all_change_the_database(
         assert await page.locator(f"tr[data-job='{first}']").count() == 0
 
         await page.click(f"tr[data-job='{second}'] [data-action=forget]")
-        await page.wait_for_url("**/failed?notice=forgot&n=1")
+        await page.wait_for_url("**/failed?notice=forgot&n=1&ns=*")
         assert await queue.job(second) is None
         assert await queue.job_journal(second) == []
 
         await page.click("[data-action=retry-all]")
-        await page.wait_for_url("**/failed?notice=retried_all&n=2")
+        await page.wait_for_url("**/failed?notice=retried_all&n=2&ns=*")
         for job_id in rest:
             job = await queue.job(job_id)
             assert job is not None and job.status is JobStatus.PENDING
@@ -177,6 +177,32 @@ async def test_live_refresh_shows_a_job_enqueued_after_the_page_loaded(
             timeout=10_000,
         )
         assert await page.evaluate("window.loadedOnce") is True
+
+
+async def test_rows_do_not_move_under_the_pointer(
+    store: PostgresStore, serve: Any, page: Any
+) -> None:
+    """The live refresh leaves a part alone while the pointer is over it: a job that dies
+    meanwhile must not slide another job's Forget under a click aimed at this one."""
+    seeded = await seed(store, ready=0, scheduled=0, dead=2)
+    async with serve(opened(store)) as url:
+        await page.goto(url + "/failed")
+        aimed = seeded.dead[-1]  # the newest: the first row, which a new death pushes down
+        button = page.locator(f"tr[data-job='{aimed}'] [data-action=forget]")
+        await button.hover()
+        box = await button.bounding_box()
+        assert box is not None
+        x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+        await page.evaluate(
+            "() => { window.refreshes = 0;"
+            " document.addEventListener('venturi:refreshed', () => window.refreshes++); }"
+        )
+        newer = (await seed(store, ready=0, scheduled=0, dead=1)).dead[0]
+        await page.wait_for_function("() => window.refreshes >= 3", timeout=10_000)
+        under = "([x, y]) => document.elementFromPoint(x, y).closest('tr').dataset.job"
+        assert await page.evaluate(under, [x, y]) == str(aimed)
+        await page.mouse.move(1, 1)  # away: the part catches up
+        await page.wait_for_selector(f"tr[data-job='{newer}']", timeout=10_000)
 
 
 async def test_an_ungated_app_refuses_every_request(
@@ -244,7 +270,7 @@ async def test_queues_page_pauses_and_resumes_a_queue(
         await page.select_option(f"{media} select[name=for]", "1h")
         await screenshot(page, "queues-before", tmp_path)
         await page.click(f"{media} [data-action=pause]")
-        await page.wait_for_url("**/queues?notice=paused&n=1&q=media")
+        await page.wait_for_url("**/queues?notice=paused&n=1&q=media&ns=*")
         assert "Paused queue media" in await text(page, ".notice")
         states = {s.name: s for s in await queue.queues()}
         assert states["media"].paused and states["media"].reason == "resizer out of disk"
@@ -254,7 +280,7 @@ async def test_queues_page_pauses_and_resumes_a_queue(
         await screenshot(page, "queues", tmp_path)
 
         await page.click(f"{media} [data-action=resume]")
-        await page.wait_for_url("**/queues?notice=resumed&n=1&q=media")
+        await page.wait_for_url("**/queues?notice=resumed&n=1&q=media&ns=*")
         states = {s.name: s for s in await queue.queues()}
         assert not states["media"].paused and states["reports"].paused
         assert await page.locator(f"{media} [data-paused]").count() == 0
@@ -356,7 +382,7 @@ async def test_batches_pages_show_progress_and_cancel(
         await page.wait_for_url(f"**/batches/{live}")
         assert await text(page, "[data-callback=then] [data-status]") == "waiting"
         await page.click("[data-action=cancel]")
-        await page.wait_for_url(f"**/batches/{live}?notice=cancelled&n=40")
+        await page.wait_for_url(f"**/batches/{live}?notice=cancelled&n=40&ns=*")
         status = await queue.batch_status(live)
         assert status is not None and (status.cancelled, status.state) == (40, "cancelled")
         assert await text(page, "[data-col=cancelled]") == "40"
@@ -398,7 +424,7 @@ async def test_a_held_chain_resumes_when_its_dead_link_is_retried(
         await page.go_back()
 
         await page.click(f"{held} [data-action=retry]")
-        await page.wait_for_url("**/chains?notice=retried&n=1")
+        await page.wait_for_url("**/chains?notice=retried&n=1&ns=*")
         job = await queue.job(links[1])
         assert job is not None and job.status is JobStatus.PENDING
         waiting = await queue.job(links[2])

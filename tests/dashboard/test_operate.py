@@ -88,7 +88,7 @@ async def test_pause_and_resume_change_the_stored_pause(store: PostgresStore) ->
             "/queues/pause", data={**form, "reason": "  deploy  ", "for": "1h"}, headers=ORIGIN
         )
         assert done.status_code == 303
-        assert done.headers["location"] == "/queues?notice=paused&n=1&q=default"
+        assert done.headers["location"].startswith("/queues?notice=paused&n=1&q=default&ns=")
         (state,) = await queue.queues()
         assert state.paused and state.reason == "deploy"
         assert state.until is not None
@@ -98,10 +98,10 @@ async def test_pause_and_resume_change_the_stored_pause(store: PostgresStore) ->
         assert "Paused queue default" in shown and 'data-action="resume"' in shown
 
         done = await http.post("/queues/resume", data=form, headers=ORIGIN)
-        assert done.headers["location"] == "/queues?notice=resumed&n=1&q=default"
+        assert done.headers["location"].startswith("/queues?notice=resumed&n=1&q=default&ns=")
         assert [s.paused for s in await queue.queues()] == [False]
         again = await http.post("/queues/resume", data=form, headers=ORIGIN)
-        assert again.headers["location"] == "/queues?notice=resumed_none&n=0&q=default"
+        assert again.headers["location"].startswith("/queues?notice=resumed_none&n=0&q=default&ns=")
 
         bad = await http.post(
             "/queues/pause", data={**form, "queue": "no spaces allowed"}, headers=ORIGIN

@@ -258,3 +258,31 @@ def test_a_retry_note_names_who_clicked_and_stays_short() -> None:
 
     assert retry_note("ada") == "retried from the dashboard by ada"
     assert len(retry_note("x" * 5000)) < 1000  # Queue.retry(note=) takes up to 1,000
+
+
+def test_who_clicked_is_read_from_whatever_user_the_host_app_has() -> None:
+    from starlette.authentication import BaseUser, SimpleUser, UnauthenticatedUser
+    from starlette.requests import Request
+
+    from venturi.dashboard._guard import actor
+
+    class IdentityOnly(BaseUser):  # display_name left out: BaseUser's raises
+        @property
+        def is_authenticated(self) -> bool:
+            return True
+
+        @property
+        def identity(self) -> str:
+            return "user-42"
+
+    class OrmUser:  # no Starlette base at all
+        email = "ada@example.com"
+
+    def request(user: object) -> Request:
+        return Request({"type": "http", "user": user, "client": ("10.0.0.9", 1234)})
+
+    assert actor(request(SimpleUser("ada"))) == "ada"
+    assert actor(request(IdentityOnly())) == "user-42"  # was a 500 (NotImplementedError)
+    assert actor(request(OrmUser())) == "ada@example.com"
+    assert actor(request(UnauthenticatedUser())) == "10.0.0.9"
+    assert actor(Request({"type": "http", "client": ("10.0.0.9", 1234)})) == "10.0.0.9"

@@ -442,6 +442,8 @@ async def test_a_rolled_back_transaction_leaves_no_batch(queue: Queue, pg_dsn: s
 async def test_bad_batches_are_refused_with_nothing_stored(queue: Queue) -> None:
     with pytest.raises(ValueError, match="batch name"):
         queue.batch("  ")
+    with pytest.raises(ValueError, match="without NUL"):  # was asyncpg's error, at enqueue
+        queue.batch("nul:\x00:end")
     with pytest.raises(TypeError, match=r"expected a venturi\.Task"):
         queue.batch("x").add("not a task")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="then is set already"):

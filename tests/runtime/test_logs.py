@@ -275,3 +275,30 @@ WHERE = "127.0.0.1:5432/app"
 )
 def test_the_pieces_of_a_password(dsn: str | None, password: str | None, pieces: list[str]) -> None:
     assert sorted(secret_pieces(dsn, password)) == sorted(pieces)
+
+
+async def test_a_worker_an_application_runs_names_itself_in_every_record(queue: Queue) -> None:
+    """Not only under `venturi worker`: `Worker.run` binds its identity for its tasks."""
+    formatter = logs.JsonFormatter()
+    lines: list[dict[str, Any]] = []
+
+    class Collect(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            lines.append(json.loads(formatter.format(record)))
+
+    handler = Collect(logging.DEBUG)
+    log = logging.getLogger("venturi")
+    level = log.level
+    log.addHandler(handler)
+    log.setLevel(logging.DEBUG)
+    try:
+        job_id = await queue.enqueue(Flaky())
+        worker: Worker[None] = Worker(None, queue.store)
+        worker.register(Flaky, lambda task, ctx, app: asyncio.sleep(0))
+        async with running(worker):
+            await until_status(queue, job_id, JobStatus.COMPLETED)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+    mine = [line for line in lines if line["logger"] in ("venturi.worker", "venturi._executor")]
+    assert mine and all(line.get("worker") == str(worker.identity) for line in mine), mine

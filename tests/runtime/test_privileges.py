@@ -64,6 +64,20 @@ async def test_a_role_granted_before_a_table_existed_is_refused_at_start(
     assert "GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public" in message
 
 
+async def test_a_role_that_may_not_read_the_migrations_is_told_what_to_grant(
+    store: PostgresStore, pg_dsn: str
+) -> None:
+    revoke = "REVOKE ALL ON {prefix}_migrations FROM {role}"
+    async with (
+        role(pg_dsn, store, ALL_TABLES, ALL_SEQUENCES, revoke) as dsn,
+        await PostgresStore.connect(dsn, prefix=store.prefix) as app,
+    ):
+        worker: Worker[None] = Worker(None, app)
+        worker.register(Ping, lambda t, c, a: Outcome.completed())  # type: ignore[arg-type,return-value]
+        with pytest.raises(SchemaError, match=rf"{store.prefix}_migrations \(SELECT\)"):
+            await asyncio.wait_for(worker.run(asyncio.Event()), WAIT_TIMEOUT)
+
+
 async def test_a_role_without_the_journal_sequence_is_refused_at_start(
     store: PostgresStore, pg_dsn: str
 ) -> None:

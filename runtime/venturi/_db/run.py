@@ -108,7 +108,10 @@ class CallersConnection(OnConnection):
             raise ValueError(
                 "the connection is not in a transaction, so what venturi writes (the job) "
                 "would be committed at once, whatever the caller does next: open one first "
-                "(`async with conn.transaction():`), or pass autocommit=True if that is meant"
+                "(`async with conn.transaction():`); if committing at once is meant, pass "
+                "autocommit=True to the enqueue call (`enqueue(..., conn=conn, "
+                "autocommit=True)`) or to `store.using(conn, autocommit=True)` (a chain or a "
+                "batch always needs a transaction)"
             )
 
     async def fetch(self, stmt: Statement, /, **values: Any) -> list[asyncpg.Record]:

@@ -10,7 +10,12 @@ or other ASGI app, or served alone by `venturi dashboard`. It needs the `dashboa
 
 from __future__ import annotations
 
-from venturi.dashboard._app import app
-from venturi.dashboard._guard import Gate
+try:
+    from venturi.dashboard._app import app
+    from venturi.dashboard._guard import Gate
+except ModuleNotFoundError as exc:  # Starlette, Jinja2 or uvicorn missing
+    raise ImportError(
+        f"venturi.dashboard needs the dashboard extra: pip install 'venturi[dashboard]' ({exc})"
+    ) from exc
 
 __all__ = ["Gate", "app"]

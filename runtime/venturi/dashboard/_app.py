@@ -7,6 +7,7 @@ mount path (`root_path`), so the app works under any prefix of a host app.
 
 from __future__ import annotations
 
+import hmac
 import urllib.parse
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -33,8 +34,8 @@ from venturi.postgres import PostgresStore
 
 PAGE_SIZE = 50
 CHAINS_PAGE = 25
-MAX_FORM_BYTES = 4096
-_NOTICE_PARAMS = ("notice", "n", "q")
+MAX_FORM_BYTES = 16384
+_NOTICE_PARAMS = ("notice", "n", "q", "ns")
 
 _NOTICES = {
     "retried": "Retried {n} job(s): pending again, eligible now, with every attempt again.",
@@ -49,6 +50,7 @@ _NOTICES = {
     "resumed": "Resumed queue {q}: idle workers serving it were woken.",
     "resumed_none": "Queue {q} was not paused (another click, or its pause ran out?).",
     "cancelled": "Cancelled the batch: {n} job(s) not started were skipped; running ones finish.",
+    "cancelled_none": "Nothing cancelled: the batch had finished (it stays as it ended).",
 }
 
 PAUSE_FOR = {
@@ -170,7 +172,7 @@ class _Pages:
     def _render(self, request: Request, template: str, code: int = 200, **context: Any) -> Response:
         base = request.scope.get("root_path", "").rstrip("/")
         token = request.cookies.get(_guard.CSRF_COOKIE) or _guard.new_token()
-        notice = _notice(request.query_params)
+        notice = _notice(request.query_params, request.cookies.get(_guard.CSRF_COOKIE))
         html = self._env.get_template(template).render(
             base=base,
             here=_here(request),
@@ -462,6 +464,11 @@ class _Pages:
         query += [("notice", notice), ("n", str(n))]
         if queue is not None:
             query.append(("q", queue))
+        signature = _guard.notice_signature(
+            request.cookies.get(_guard.CSRF_COOKIE), notice, str(n), queue or ""
+        )
+        if signature is not None:  # (an action always has the cookie: its token matched it)
+            query.append(("ns", signature))
         return RedirectResponse(f"{split.path}?{urllib.parse.urlencode(query)}", status_code=303)
 
     async def retry(self, request: Request) -> Response:
@@ -519,6 +526,8 @@ class _Pages:
             skipped = await self._store().cancel_batch(batch_id)
         except LookupError:
             raise HTTPException(404, f"No batch {batch_id} (never stored, or pruned).") from None
+        if skipped is None:
+            return self._back(request, form, "cancelled_none", 0, default=f"/batches/{batch_id}")
         return self._back(request, form, "cancelled", skipped, default=f"/batches/{batch_id}")
 
     async def resume(self, request: Request) -> Response:
@@ -594,9 +603,16 @@ def _link(base: str, path: str, params: dict[str, Any]) -> str:
     return f"{base}{path}" + (f"?{query}" if query else "")
 
 
-def _notice(params: Any) -> str | None:
+def _notice(params: Any, cookie: str | None) -> str | None:
+    """The banner of the action that redirected here: only if its redirect signed it for
+    this browser (a link from elsewhere shows none)."""
     template = _NOTICES.get(params.get("notice", ""))
     if template is None:
+        return None
+    signature = _guard.notice_signature(
+        cookie, params.get("notice", ""), params.get("n", ""), params.get("q", "")
+    )
+    if signature is None or not hmac.compare_digest(signature, params.get("ns", "")):
         return None
     try:
         n = int(params.get("n", "0"))

@@ -12,6 +12,7 @@ applies them (and sets the security headers of every response).
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import inspect
 import ipaddress
@@ -94,6 +95,15 @@ def token_matches(cookie: str | None, submitted: str | None) -> bool:
     return hmac.compare_digest(cookie.encode(), submitted.encode())
 
 
+def notice_signature(cookie: str | None, notice: str, n: str, queue: str) -> str | None:
+    """What an action's redirect signs its notice with (the browser's CSRF cookie as the
+    key), so that a crafted link cannot put text of its own in the dashboard's banner."""
+    if not cookie:
+        return None
+    message = "\0".join((notice, n, queue)).encode()
+    return hmac.new(cookie.encode(), message, hashlib.sha256).hexdigest()[:32]
+
+
 def new_token() -> str:
     return secrets.token_urlsafe(32)
 
@@ -102,10 +112,21 @@ def actor(request: Request) -> str:
     """Who did an action, for the journal: the authenticated user's name when the host app
     has authentication middleware, else the client's address."""
     user = request.scope.get("user")
-    name = getattr(user, "display_name", None) if user is not None else None
-    if name:
-        return str(name)
+    if user is not None and _read(user, "is_authenticated", True):
+        for attribute in ("display_name", "identity", "username", "email"):
+            name = _read(user, attribute, None)
+            if name:
+                return str(name)
     return request.client.host if request.client else "unknown"
+
+
+def _read(user: object, attribute: str, default: object) -> object:
+    """An attribute of the host app's user, if it has it: Starlette's `BaseUser` raises
+    NotImplementedError for what a subclass left out."""
+    try:
+        return getattr(user, attribute, default)
+    except NotImplementedError:
+        return default
 
 
 class Guard:

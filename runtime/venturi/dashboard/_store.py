@@ -238,10 +238,15 @@ class DashboardStore:
             queue = Queue(self.store.using(conn), codec=self._codec)
             return await queue.pause(name, reason=reason, until=until)
 
-    async def cancel_batch(self, batch_id: ULID) -> int:
-        """Cancel the batch (`Queue.cancel_batch`); how many jobs were skipped."""
+    async def cancel_batch(self, batch_id: ULID) -> int | None:
+        """Cancel the batch (`Queue.cancel_batch`); how many jobs were skipped, or None if
+        it had finished already (a page loaded before it did). LookupError if there is none."""
         async with self._connection(readonly=False) as conn:
-            return await Queue(self.store.using(conn), codec=self._codec).cancel_batch(batch_id)
+            queue = Queue(self.store.using(conn), codec=self._codec)
+            status = await queue.batch_status(batch_id)
+            if status is not None and status.finished_at is not None:
+                return None
+            return await queue.cancel_batch(batch_id)
 
     async def resume(self, name: str) -> bool:
         """Resume the named queue; whether it was paused (`Queue.resume`)."""

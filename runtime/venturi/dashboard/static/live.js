@@ -26,8 +26,10 @@
       const fresh = new DOMParser().parseFromString(await response.text(), "text/html");
       for (const element of document.querySelectorAll("[data-live][id]")) {
         const next = fresh.getElementById(element.id);
-        // Leave a part alone while the user is in it (a form field being used).
-        if (next && next.innerHTML !== element.innerHTML && !element.contains(document.activeElement)) {
+        // Leave a part alone while the user is in it (a form field being used) or over it
+        // (rows must not move under a pointer about to click Forget).
+        const inUse = element.contains(document.activeElement) || element.matches(":hover");
+        if (next && next.innerHTML !== element.innerHTML && !inUse) {
           element.innerHTML = next.innerHTML;
         }
       }
