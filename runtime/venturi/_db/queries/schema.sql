@@ -33,7 +33,8 @@ WHERE to_regclass(t.name) IS NOT NULL AND NOT has_table_privilege(t.name, p.priv
 GROUP BY t.name
 UNION ALL
 SELECT s.name, ARRAY['USAGE']
-FROM (SELECT pg_get_serial_sequence('{prefix}_journal', 'id') AS name) AS s
+FROM (SELECT CASE WHEN to_regclass('{prefix}_journal') IS NOT NULL  -- unmigrated: none
+             THEN pg_get_serial_sequence('{prefix}_journal', 'id') END AS name) AS s
 WHERE s.name IS NOT NULL AND NOT has_sequence_privilege(s.name, 'USAGE')
 ORDER BY 1;
 
