@@ -33,7 +33,7 @@ from venturi._claims import (
     prefetch_depth,
     spread_order,
 )
-from venturi._db.failures import is_database_failure
+from venturi._db.failures import describe, is_database_failure
 from venturi._executor import Registration
 from venturi._outage import Outage, next_delay
 from venturi._records import ClaimedJob, NextDue
@@ -42,6 +42,8 @@ from venturi.postgres import PostgresStore
 
 logger = logging.getLogger("venturi.worker")
 
+CLAIM_STOP_WAIT = 2.0
+"""Seconds a stopping worker lets the claim in flight finish before it cancels it."""
 PASSED_OVER_FIRST = 0.25
 PASSED_OVER_MAX = 5.0
 """Seconds after a claim that passed over a due job (its row held by another transaction) at
@@ -369,13 +371,40 @@ class Producer:
             return None
         return max(self._resume_at - loop.time(), 0.0)
 
-    async def _reconcile(self) -> None:
+    async def stop(self, loop_task: asyncio.Task[None]) -> None:
+        """End the claim loop `loop_task` at shutdown without losing a claim in flight: it
+        ends after that claim (whose jobs, committed, the runner then holds and hands back
+        unrun), within `CLAIM_STOP_WAIT`; cancelled past that (a claim stuck on a lock or a
+        lost server), or after a claim whose reply was lost, what the database says this
+        worker holds and it does not is handed back (best effort: the database may be away)."""
+        self.stopping = True
+        self.wake.set()
+        if not loop_task.done():
+            await asyncio.wait({loop_task}, timeout=CLAIM_STOP_WAIT)
+        if not loop_task.done():
+            loop_task.cancel()
+            self._unsure = True
+        await asyncio.gather(loop_task, return_exceptions=True)
+        if not self._unsure:
+            return
+        try:
+            await self._reconcile("claimed as the worker stopped; handed back unrun")
+        except Exception as exc:
+            if not is_database_failure(exc):
+                raise
+            logger.warning(
+                "shutdown: could not hand back a claim in flight (%s); its jobs come back "
+                "after their leases",
+                describe(exc),
+            )
+
+    async def _reconcile(
+        self, note: str = "claimed while the connection failed; the claim's reply was lost"
+    ) -> None:
         """Release what the database says this worker holds and it does not: claims that
         committed while their reply was lost."""
         released = await self._store.release_unheld(
-            worker=self._worker,
-            held=self._runner.held_ids(),
-            note="claimed while the connection failed; the claim's reply was lost",
+            worker=self._worker, held=self._runner.held_ids(), note=note
         )
         self._unsure = False
         for job_id, kind in released:

@@ -210,10 +210,10 @@ class Runner:
             self.successors[job.id] = held
         elif job.batch_id is not None and self._batch_cancelled_lately(job.batch_id):
             self._skip([held])  # its claim committed before the cancellation did
-        elif len(self.running) < self.concurrency and not self.buffer:
+        elif len(self.running) < self.concurrency and not self.buffer and not self.stopping:
             self._start(held)
         else:
-            self.buffer.append(held)
+            self.buffer.append(held)  # (stopping: drain() hands it back unrun)
         if held.renewal_due < self.renewer_looks_at:
             self.changed.set()  # a lease to renew sooner (a buffered job's start changes none)
 

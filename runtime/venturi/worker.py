@@ -500,11 +500,12 @@ class Worker(Generic[AppT]):
             closing_by = asyncio.get_running_loop().time() + (
                 self.shutdown_timeout if graceful else 0.0
             )
-            producer.stopping = True
+            runner.stopping = True  # nothing new starts; a last claim's jobs are handed back
             stop.cancel()
             if claim_loop is not None:
-                claim_loop.cancel()
-            await asyncio.gather(*filter(None, [claim_loop, stop]), return_exceptions=True)
+                await producer.stop(claim_loop)
+            producer.stopping = True
+            await asyncio.gather(stop, return_exceptions=True)
             completer_task = background[0]
             if completer_task.done():
                 # Nothing can write outcomes any more: the leases will bring the jobs back.

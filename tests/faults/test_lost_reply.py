@@ -201,3 +201,40 @@ async def test_a_settle_whose_reply_was_lost_is_reported_as_written(
     assert [(e.outcome, e.kept) for e in settled] == [("completed", True)]
     journal = await Queue(store).job_journal(job_id)
     assert [(e.outcome, e.run) for e in journal] == [(JournalOutcome.COMPLETED, 1)]
+
+
+async def test_a_claim_in_flight_at_shutdown_is_handed_back_not_left_claimed(
+    pg_dsn: str, store: PostgresStore, prefix: str
+) -> None:
+    """SIGTERM while a claim's reply is on its way: the claim committed, and its jobs are
+    this worker's in the database. The worker lets the claim finish and hands its jobs back
+    unrun; it used to cancel the claim, leaving them claimed by a stopped worker for the
+    whole lease (then counted as failed executions, dead with one attempt)."""
+    url = urlsplit(pg_dsn)
+    proxy = LossyProxy(url.hostname or "127.0.0.1", url.port or 5432)
+    port = await proxy.start()
+    runs: list[int] = []
+    try:
+        await Queue(store).enqueue_many(Work(i, 1) for i in range(20))
+
+        async def handle(task: Work, ctx: Context[None], app: None) -> Outcome:
+            runs.append(task.n)
+            return Outcome.completed()
+
+        via_proxy = pg_dsn.replace(f":{url.port}/", f":{port}/")
+        async with await PostgresStore.connect(via_proxy, prefix=prefix) as lossy:
+            worker = Worker(None, lossy, concurrency=2, lease=60)
+            worker.register(Work, handle)
+            proxy.arm(claim_by(worker), hold=1.0)  # the first claim's reply: a second late
+            shutdown = asyncio.Event()
+            running_worker = asyncio.create_task(worker.run(shutdown))
+            await asyncio.wait_for(proxy.fired.wait(), 30)  # committed, its reply held
+            shutdown.set()
+            await asyncio.wait_for(running_worker, 30)
+    finally:
+        await proxy.close()
+    rows = await store._pool_or_raise().fetch(
+        f"SELECT status, claimed_by, run_count, failures FROM {prefix}_jobs"
+    )
+    assert runs == []  # nothing started: the worker was stopping when the jobs came
+    assert {(r["status"], r["run_count"], r["failures"]) for r in rows} == {("pending", 0, 0)}
