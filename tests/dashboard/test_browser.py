@@ -5,6 +5,7 @@ enqueued after the page loaded; an ungated app and a cross-origin POST are refus
 
 from __future__ import annotations
 
+import asyncio
 from datetime import timedelta
 from typing import Any
 
@@ -32,6 +33,22 @@ FAST = 0.25
 
 def opened(store: PostgresStore, **options: Any) -> Any:
     return dashboard.app(store, gate=lambda request: True, refresh=FAST, **options)
+
+
+async def click_confirmed(page: Any, selector: str, *, accept: bool = True) -> list[str]:
+    """Click an action that asks first (its form's data-confirm), answering the browser's
+    dialog; returns what the dialog said."""
+    said: list[str] = []
+    answering: list[asyncio.Future[None]] = []
+
+    def answer(dialog: Any) -> None:
+        said.append(dialog.message)
+        answering.append(asyncio.ensure_future(dialog.accept() if accept else dialog.dismiss()))
+
+    page.once("dialog", answer)
+    await page.click(selector)
+    await asyncio.gather(*answering)
+    return said
 
 
 async def text(page: Any, selector: str) -> str:
@@ -142,12 +159,12 @@ async def test_retry_forget_and_retry_all_change_the_database(
         assert journal[-1].note is not None and "retried from the dashboard" in journal[-1].note
         assert await page.locator(f"tr[data-job='{first}']").count() == 0
 
-        await page.click(f"tr[data-job='{second}'] [data-action=forget]")
+        await click_confirmed(page, f"tr[data-job='{second}'] [data-action=forget]")
         await page.wait_for_url("**/failed?notice=forgot&n=1&ns=*")
         assert await queue.job(second) is None
         assert await queue.job_journal(second) == []
 
-        await page.click("[data-action=retry-all]")
+        await click_confirmed(page, "[data-action=retry-all]")
         await page.wait_for_url("**/failed?notice=retried_all&n=2&ns=*")
         for job_id in rest:
             job = await queue.job(job_id)
@@ -177,6 +194,23 @@ async def test_live_refresh_shows_a_job_enqueued_after_the_page_loaded(
             timeout=10_000,
         )
         assert await page.evaluate("window.loadedOnce") is True
+
+
+async def test_forget_asks_first_and_a_no_keeps_the_job(
+    store: PostgresStore, serve: Any, page: Any
+) -> None:
+    seeded = await seed(store, ready=0, scheduled=0, dead=1)
+    job_id = seeded.dead[0]
+    async with serve(opened(store)) as url:
+        await page.goto(url + "/failed")
+        said = await click_confirmed(
+            page, f"tr[data-job='{job_id}'] [data-action=forget]", accept=False
+        )
+        assert said and str(job_id) in said[0] and "deleted with its journal" in said[0]
+        await page.wait_for_timeout(300)  # a bounded look: no request must have gone out
+        assert page.url.endswith("/failed")
+    job = await Queue(store).job(job_id)
+    assert job is not None and job.status is JobStatus.DEAD
 
 
 async def test_rows_do_not_move_under_the_pointer(
@@ -381,7 +415,7 @@ async def test_batches_pages_show_progress_and_cancel(
         await page.click(f"tr[data-batch='{live}'] a.name")
         await page.wait_for_url(f"**/batches/{live}")
         assert await text(page, "[data-callback=then] [data-status]") == "waiting"
-        await page.click("[data-action=cancel]")
+        await click_confirmed(page, "[data-action=cancel]")
         await page.wait_for_url(f"**/batches/{live}?notice=cancelled&n=40&ns=*")
         status = await queue.batch_status(live)
         assert status is not None and (status.cancelled, status.state) == (40, "cancelled")

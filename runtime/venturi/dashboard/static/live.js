@@ -42,6 +42,12 @@
     }
   }
 
+  // Actions that delete or change many jobs ask first (their forms carry data-confirm).
+  document.addEventListener("submit", (event) => {
+    const message = event.target instanceof HTMLFormElement ? event.target.dataset.confirm : null;
+    if (message && !window.confirm(message)) event.preventDefault();
+  }, true);
+
   setInterval(refresh, period);
   document.addEventListener("visibilitychange", () => { if (!document.hidden) refresh(); });
 })();
