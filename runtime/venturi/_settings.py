@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from venturi.backoff import Backoff, Seconds, to_seconds
 from venturi.outcome import PanicPolicy
-from venturi.task import KIND_PATTERN
+from venturi.task import KIND_PATTERN, NAME_RULE
 from venturi.task import check_queue_name as check_queue_name  # where the rule lives
 
 MAX_CONCURRENCY = 10_000
@@ -53,10 +53,7 @@ def check_kind(value: object, *, setting: str = "kind") -> str:
     """A KIND given as text (a filter, a command-line flag): 1-200 characters, letters,
     digits and `_ . : / -`, starting with a letter or digit."""
     if not isinstance(value, str) or not KIND_PATTERN.fullmatch(value):
-        raise ValueError(
-            f"{setting}: invalid KIND {value!r:.80}: expected 1-200 characters, letters, digits "
-            f"and _ . : / -, starting with a letter or digit"
-        )
+        raise ValueError(f"{setting}: invalid KIND {value!r:.80}: expected {NAME_RULE}")
     return value
 
 

@@ -33,6 +33,8 @@ C = TypeVar("C", default=None)
 
 KIND_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,199}")
 """What a KIND (and a queue name) may be: 1-200 characters, letters, digits and _ . : / -."""
+NAME_RULE = "1-200 characters, letters, digits and _ . : / -, starting with a letter or digit"
+"""KIND_PATTERN in words, for the errors that refuse a name."""
 
 
 def check_queue_name(value: object, *, setting: str = "queue") -> str:
@@ -41,10 +43,7 @@ def check_queue_name(value: object, *, setting: str = "queue") -> str:
     if not isinstance(value, str):
         raise TypeError(f"{setting}: expected a queue name (a str), got {value!r}")
     if not KIND_PATTERN.fullmatch(value):
-        raise ValueError(
-            f"{setting}: invalid queue name {value!r:.80}: expected 1-200 characters, "
-            f"letters, digits and _ . : / -, starting with a letter or digit"
-        )
+        raise ValueError(f"{setting}: invalid queue name {value!r:.80}: expected {NAME_RULE}")
     return value
 
 
@@ -165,10 +164,7 @@ def kind_of(task_type: type[Task[Any]]) -> str:
     if not isinstance(kind, str):
         raise TypeError(f"{task_type.__qualname__} must define KIND as a string class attribute")
     if not KIND_PATTERN.fullmatch(kind):
-        raise ValueError(
-            f"{task_type.__qualname__}.KIND {kind!r} is invalid: expected 1-200 characters, "
-            f"letters, digits and _ . : / -, starting with a letter or digit"
-        )
+        raise ValueError(f"{task_type.__qualname__}.KIND {kind!r} is invalid: expected {NAME_RULE}")
     if not dataclasses.is_dataclass(task_type) and not hasattr(task_type, "__struct_fields__"):
         raise TypeError(f"{task_type.__qualname__} must be a dataclass (or a msgspec Struct)")
     return kind

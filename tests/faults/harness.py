@@ -22,6 +22,10 @@ from pathlib import Path
 
 import asyncpg
 
+from venturi import Context, Outcome
+
+from .worker import Work
+
 ROOT = Path(__file__).resolve().parents[2]
 READY_TIMEOUT = 60.0
 
@@ -264,3 +268,21 @@ async def wait_until(check: object, limit: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {limit}s")
         await asyncio.sleep(0.05)
+
+
+class HeldRuns:
+    """A handler whose runs wait for `release`, so that a test acts while `n` of them are
+    running: `all_started` is set once they are."""
+
+    def __init__(self, n: int) -> None:
+        self.n = n
+        self.started: list[int] = []
+        self.all_started = asyncio.Event()
+        self.release = asyncio.Event()
+
+    async def __call__(self, task: Work, ctx: Context[None], app: None) -> Outcome:
+        self.started.append(task.n)
+        if len(self.started) == self.n:
+            self.all_started.set()
+        await self.release.wait()
+        return Outcome.completed()

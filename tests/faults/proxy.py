@@ -24,12 +24,15 @@ class LossyProxy:
         self._trigger: bytes | None = None
         self._hold: float | None = None
         self.fired = asyncio.Event()
+        self.port = 0
+        """The port it listens on, once started."""
         self._tasks: set[asyncio.Task[None]] = set()
         self._writers: set[asyncio.StreamWriter] = set()
 
     async def start(self) -> int:
         self._server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         port: int = self._server.sockets[0].getsockname()[1]
+        self.port = port
         return port
 
     def arm(self, trigger: bytes, *, hold: float | None = None) -> None:

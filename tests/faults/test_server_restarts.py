@@ -22,7 +22,16 @@ from venturi import Context, Outcome, PostgresStore, Queue, Worker
 from venturi.embedded import EmbeddedPostgres
 
 from .conftest import SOAK
-from .harness import FIGURES, fleet, journals, overlaps, read_runs, unexplained_reruns, wait_until
+from .harness import (
+    FIGURES,
+    HeldRuns,
+    fleet,
+    journals,
+    overlaps,
+    read_runs,
+    unexplained_reruns,
+    wait_until,
+)
 from .worker import Work
 
 JOBS = 6000 if SOAK else 2000
@@ -181,17 +190,7 @@ async def test_a_shutdown_during_an_outage_writes_the_outcomes_when_the_database
     their leases as failed executions (dead, with one attempt)."""
     pg = restartable_pg
     prefix = f"r{next(_prefixes)}_{uuid.uuid4().hex[:8]}"
-    started: list[int] = []
-    all_started = asyncio.Event()
-    release = asyncio.Event()
-
-    async def work(task: Work, ctx: Context[None], app: None) -> Outcome:
-        started.append(task.n)
-        if len(started) == 4:
-            all_started.set()
-        await release.wait()
-        return Outcome.completed()
-
+    work = HeldRuns(4)
     async with await PostgresStore.connect(pg.dsn, prefix=prefix) as store:
         await store.migrate()
         await Queue(store).enqueue_many(Work(i, 0) for i in range(4))
@@ -199,10 +198,10 @@ async def test_a_shutdown_during_an_outage_writes_the_outcomes_when_the_database
         worker.register(Work, work)
         shutdown = asyncio.Event()
         running_worker = asyncio.create_task(worker.run(shutdown))
-        await asyncio.wait_for(all_started.wait(), 30)
+        await asyncio.wait_for(work.all_started.wait(), 30)
         await asyncio.to_thread(pg.halt, "fast")
         shutdown.set()
-        release.set()  # the four end while the database is away
+        work.release.set()  # the four end while the database is away
         await asyncio.sleep(LONG_OUTAGE)  # the outage itself, not a synchronization
         assert not running_worker.done()  # still holding the outcomes
         await asyncio.to_thread(pg.launch)

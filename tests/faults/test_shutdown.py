@@ -14,9 +14,9 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from venturi import Context, Outcome, PostgresStore, Queue, Worker
+from venturi import PostgresStore, Queue, Worker
 
-from .harness import FIGURES, fleet, read_runs, wait_until
+from .harness import FIGURES, HeldRuns, fleet, read_runs, wait_until
 from .worker import Checkpoint, Stubborn, Swallower, Work
 
 GRACE = 2.0
@@ -92,17 +92,7 @@ async def test_a_shutdown_behind_a_table_lock_ends_within_its_budget(
     worker stops: the outcomes it cannot write by the end of the shutdown are left to lease
     recovery, and the worker ends instead of waiting for the lock (it waited, with no bound,
     past its shutdown_timeout and the pod's grace period)."""
-    started: list[int] = []
-    all_started = asyncio.Event()
-    release = asyncio.Event()
-
-    async def work(task: Work, ctx: Context[None], app: None) -> Outcome:
-        started.append(task.n)
-        if len(started) == 2:
-            all_started.set()
-        await release.wait()
-        return Outcome.completed()
-
+    work = HeldRuns(2)
     await Queue(store).enqueue_many(Work(i, 0) for i in range(2))
     worker: Worker[None] = Worker(None, store, concurrency=2, shutdown_timeout=1)
     worker.register(Work, work)
@@ -110,12 +100,12 @@ async def test_a_shutdown_behind_a_table_lock_ends_within_its_budget(
     running_worker = asyncio.create_task(worker.run(shutdown))
     locker = await asyncpg.connect(pg_dsn)
     try:
-        await asyncio.wait_for(all_started.wait(), 30)
+        await asyncio.wait_for(work.all_started.wait(), 30)
         tx = locker.transaction()
         await tx.start()
         await locker.execute(f"LOCK TABLE {store.prefix}_jobs IN ACCESS EXCLUSIVE MODE")
         shutdown.set()
-        release.set()
+        work.release.set()
         # Ends while the lock is still held (it is released only below).
         await asyncio.wait_for(running_worker, 30)
         await tx.rollback()
