@@ -31,14 +31,8 @@ class _Counts:
     oldest: dict[str, float] = field(default_factory=dict)
 
 
-# The rows of these statuses are plain counts: the `_Counts` field each one fills.
-_COUNTED = {
-    "claimed": "claimed",
-    "completed": "completed",
-    "dead": "dead",
-    "done_last_hour": "done",
-    "failed_last_hour": "failed",
-}
+# The columns that are plain counts, each filling the `_Counts` field of its name.
+_COUNTED = ("claimed", "completed", "dead", "done", "failed")
 
 
 def _add(counts: dict[str, int], kind: str, n: int) -> None:
@@ -46,28 +40,30 @@ def _add(counts: dict[str, int], kind: str, n: int) -> None:
 
 
 def stats_from_rows(rows: Iterable[Row]) -> Stats:
-    """`Stats` from rows of (queue, status, kind, n, scheduled, oldest_s): `n` counts every
-    job of that queue, kind and status; for pending rows, `scheduled` of them wait for a
-    future run_at and `oldest_s` is the age of the oldest eligible one (None when none is).
-    The statuses `done_last_hour` and `failed_last_hour` carry the per-minute counts' sums;
-    a row of status `paused` names a queue paused now (its other columns are unused)."""
+    """`Stats` from one row per queue and kind, of columns queue, kind, pending, scheduled,
+    oldest_s, claimed, dead, completed, done, failed and paused (a NULL count is 0):
+    `pending` counts every pending job of that queue and kind, `scheduled` of them wait for
+    a future run_at, and `oldest_s` is the age of the oldest eligible one (None when none
+    is); `done` and `failed` are the jobs finished in the last hour. A row with `paused`
+    true names a queue paused now (its other columns are unused)."""
     by_queue: dict[str, _Counts] = {}
     paused: set[str] = set()
     totals = _Counts()
     for r in rows:
-        name, status = r["queue"], r["status"]
-        if status == "paused":
+        name = r["queue"]
+        if r["paused"]:
             paused.add(name)
             continue
-        c = by_queue.get(name)
-        if c is None:
-            c = by_queue[name] = _Counts()
-        kind, total = r["kind"], r["n"]
-        if status == "pending":
-            scheduled = r["scheduled"]
-            if total > scheduled:
-                c.pending[kind] = total - scheduled
-                _add(totals.pending, kind, total - scheduled)
+        kind = r["kind"]
+        c = by_queue.get(name) or _Counts()
+        shown = False
+        pending = r["pending"] or 0
+        if pending > 0:
+            shown = True
+            scheduled = r["scheduled"] or 0
+            if pending > scheduled:
+                c.pending[kind] = pending - scheduled
+                _add(totals.pending, kind, pending - scheduled)
             if scheduled:
                 c.scheduled[kind] = scheduled
                 _add(totals.scheduled, kind, scheduled)
@@ -76,11 +72,14 @@ def stats_from_rows(rows: Iterable[Row]) -> Stats:
                 # The database clock can be a hair behind a job's run_at: never negative.
                 oldest = c.oldest[kind] = max(0.0, oldest)
                 totals.oldest[kind] = max(oldest, totals.oldest.get(kind, oldest))
-            continue
-        counted = _COUNTED.get(status)
-        if counted is not None:
-            getattr(c, counted)[kind] = total
-            _add(getattr(totals, counted), kind, total)
+        for column in _COUNTED:
+            n = r[column] or 0  # NULL: none of that status
+            if n > 0:
+                shown = True
+                getattr(c, column)[kind] = n
+                _add(getattr(totals, column), kind, n)
+        if shown:  # a queue whose counts are all 0 is not shown
+            by_queue[name] = c
     queues = {
         name: QueueStats(
             pending_by_kind=c.pending,

@@ -256,37 +256,28 @@ async def test_migrating_counts_the_jobs_already_there_by_queue(pg_dsn: str, pre
 
 
 def test_stats_rows_fold_into_queues_and_totals() -> None:
-    def row(
-        queue: str,
-        status: str,
-        kind: str,
-        n: int,
-        scheduled: int = 0,
-        oldest_s: float | None = None,
-    ) -> dict[str, Any]:
+    def row(queue: str, kind: str, **figures: float | None) -> dict[str, Any]:
+        columns = ("pending", "scheduled", "oldest_s", "claimed", "dead", "completed")
         return {
             "queue": queue,
-            "status": status,
             "kind": kind,
-            "n": n,
-            "scheduled": scheduled,
-            "oldest_s": oldest_s,
+            **dict.fromkeys((*columns, "done", "failed")),
+            "paused": False,
+            **figures,
         }
+
+    def paused(queue: str) -> dict[str, Any]:
+        return {**row(queue, ""), "paused": True}
 
     stats = stats_from_rows(
         [
-            row("q1", "pending", "a", 5, scheduled=2, oldest_s=3.0),
-            row("q2", "pending", "a", 1, oldest_s=-0.001),  # clock skew: never negative
-            row("q2", "pending", "b", 2, scheduled=2),  # all scheduled: none eligible
-            row("q1", "claimed", "a", 4),
-            row("q2", "claimed", "a", 1),
-            row("q2", "dead", "b", 7),
-            row("q1", "completed", "a", 9),
-            row("q1", "done_last_hour", "a", 11),
-            row("q2", "done_last_hour", "a", 1),
-            row("q3", "failed_last_hour", "c", 2),  # a queue with nothing left but its counts
-            row("q2", "paused", "", 0),
-            row("q4", "paused", "", 0),  # paused and empty: no QueueStats
+            row("q1", "a", pending=5, scheduled=2, oldest_s=3.0, claimed=4, completed=9, done=11),
+            row("q2", "a", pending=1, oldest_s=-0.001, claimed=1, done=1),  # clock skew
+            row("q2", "b", pending=2, scheduled=2, dead=7),  # all scheduled: none eligible
+            row("q3", "c", failed=2),  # a queue with nothing left but its counts
+            row("q5", "d", pending=0, claimed=0, completed=0),  # all counted away: not shown
+            paused("q2"),
+            paused("q4"),  # paused and empty: no QueueStats
         ]
     )
     assert list(stats.queues) == ["q1", "q2", "q3"]

@@ -44,19 +44,24 @@ SELECT count(*) AS deleted FROM deleted;
 
 -- stats --
 -- The live state counters cannot reconstruct, in one statement that stays cheap at any
--- backlog: totals by queue, kind and status from the trigger-kept counts; per queue and kind
--- with pending jobs, one index probe for the oldest eligible job (the oldest pending one, if
--- it is due) and, only where the latest run_at written for a pending job (the counts'
--- run_at_max) is still ahead, a range count of the scheduled ones (jobs waiting for a future
--- run_at); as rows of the statuses 'done_last_hour' and 'failed_last_hour', the jobs finished
--- in the minutes that began in the last hour (the leader's sum of most of them, and a range
--- of the minute counts' primary key for the rest); and a row of status 'paused' per queue
+-- backlog, as one row per queue and kind (fewer rows to send and fold than one per status):
+-- the totals by status from the trigger-kept counts; where pending jobs are, one index
+-- probe for the oldest eligible job (the oldest pending one, if it is due) and, only where
+-- the latest run_at written for a pending job (the counts' run_at_max) is still ahead, a
+-- range count of the scheduled ones (jobs waiting for a future run_at); the jobs finished in
+-- the minutes that began in the last hour (the leader's sum of most of them, and a range of
+-- the minute counts' primary key for the rest); and a row with `paused` true per queue
 -- paused now (QueueStats.paused), so that stats() is one round trip.
 WITH totals AS (
-    SELECT queue, kind, status, sum(n)::bigint AS n, max(run_at_max) AS run_at_max
+    SELECT queue, kind,
+           sum(n) FILTER (WHERE status = 'pending')::bigint AS pending,
+           sum(n) FILTER (WHERE status = 'claimed')::bigint AS claimed,
+           sum(n) FILTER (WHERE status = 'dead')::bigint AS dead,
+           sum(n) FILTER (WHERE status = 'completed')::bigint AS completed,
+           max(run_at_max) FILTER (WHERE status = 'pending') AS run_at_max
     FROM {prefix}_counts
     WHERE status IN ('pending', 'claimed', 'dead', 'completed')
-    GROUP BY queue, kind, status HAVING sum(n) > 0
+    GROUP BY queue, kind
 ), mark AS (
     -- The leader's sum of this window's minutes through `through`, if it took one (see
     -- migration 0016); the window of the minutes that began in the last hour starts at:
@@ -77,28 +82,25 @@ WITH totals AS (
     ) AS minutes
     GROUP BY queue, kind
 )
-SELECT t.queue, t.status, t.kind, t.n,
-       CASE WHEN t.status = 'pending' AND t.run_at_max > now() THEN (
+SELECT queue, kind, t.pending, t.claimed, t.dead, t.completed, f.done, f.failed,
+       CASE WHEN t.pending > 0 AND t.run_at_max > now() THEN (
            SELECT count(*) FROM {prefix}_jobs AS j
            WHERE j.status = 'pending' AND j.queue = t.queue AND j.kind = t.kind
              AND j.run_at > now()
-       ) ELSE 0 END AS scheduled,
+       ) END AS scheduled,
        -- The oldest pending job, eligible or not: if it is not yet due, none is. Without a
        -- bound on run_at the probe checks two keys per index entry, not three (PostgreSQL
        -- before 17 checks every entry of the leaf page it lands on).
-       CASE WHEN t.status = 'pending' THEN (
+       CASE WHEN t.pending > 0 THEN (
            SELECT CASE WHEN j.run_at <= now() THEN date_part('epoch', now() - j.run_at) END
            FROM {prefix}_jobs AS j
            WHERE j.status = 'pending' AND j.queue = t.queue AND j.kind = t.kind
            ORDER BY j.run_at LIMIT 1
-       ) END AS oldest_s
-FROM totals AS t
+       ) END AS oldest_s,
+       false AS paused
+FROM totals AS t FULL JOIN finished AS f USING (queue, kind)
 UNION ALL
-SELECT queue, 'done_last_hour', kind, done, 0, NULL FROM finished WHERE done > 0
-UNION ALL
-SELECT queue, 'failed_last_hour', kind, failed, 0, NULL FROM finished WHERE failed > 0
-UNION ALL
-SELECT name, 'paused', '', 0, 0, NULL FROM {prefix}_queues
+SELECT name, '', NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, true FROM {prefix}_queues
 WHERE paused_at IS NOT NULL AND (paused_until IS NULL OR paused_until > now());
 
 -- minute_counts_list --
