@@ -1057,6 +1057,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _loops.run(_run(args), getattr(args, "loop", _loops.LOOPS[0]))
     except (UsageError, SchemaError, ValueError, FileExistsError, _loops.LoopUnavailable) as exc:
         return _fail(args, exc, str(exc), redact)
+    except BrokenPipeError:
+        # The reader of our output left (`venturi jobs | head`): not a database error. Python
+        # would complain again when it flushes stdout at exit; point it at nothing instead.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a shell reports a command ended by SIGPIPE
     except (
         OSError,
         OverflowError,  # a port above 65535

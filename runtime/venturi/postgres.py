@@ -1450,13 +1450,15 @@ class PostgresStore:
     async def analyze_jobs_if_stale(self, at_least: int) -> bool | None:
         """ANALYZE the jobs table if the planner's row estimate is under a tenth of what the
         counters hold (and they hold at least `at_least` jobs); returns whether it did, or
-        None when it tried and the estimate stayed stale (a role that may not analyse the
-        table: PostgreSQL skips it with a warning). See `venturi._maintenance.analyzer`."""
-        due = self._q["jobs_analyze_due"]
-        if not await self._run.fetchval(due, at_least=at_least):
+        None when it is stale and this role may not analyse the table (only its owner, the
+        database's owner or a superuser may; PostgreSQL would skip it with a warning). See
+        `venturi._maintenance.analyzer`."""
+        if not await self._run.fetchval(self._q["jobs_analyze_due"], at_least=at_least):
             return False
+        if not await self._run.fetchval(self._q["jobs_may_analyze"]):
+            return None
         await self._run.execute(self._q["jobs_analyze"])
-        return None if await self._run.fetchval(due, at_least=at_least) else True
+        return True
 
     @_schema_required
     async def sealed_after(

@@ -397,3 +397,31 @@ async def test_batches_commands(queue: Queue, pg_dsn: str) -> None:
     assert run.returncode != 0 and "no batch 01ARZ3NDEKTSV4RRFFQ69G5FAV" in run.stderr
     run = venturi("batches", "cancel", "nope", dsn=pg_dsn, prefix=prefix)
     assert run.returncode != 0 and "expected a ULID" in run.stderr
+
+
+async def test_a_reader_that_leaves_early_is_not_a_database_error(
+    queue: Queue, pg_dsn: str
+) -> None:
+    """`venturi jobs | head -1`: the listing outgrows the pipe, the reader goes, and the
+    write that follows fails with EPIPE: the command ends as a piped command does (141),
+    quietly, not with "database error: [Errno 32] Broken pipe"."""
+    await queue.enqueue_many(Echo(text="x" * 40) for _ in range(3000))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VENTURI_", "PG"))}
+    env |= {"VENTURI_DSN": pg_dsn, "VENTURI_PREFIX": queue.store.prefix}
+    status, stderr = await asyncio.to_thread(_read_a_line_and_leave, env)
+    assert (status, stderr) == (141, b"")
+
+
+def _read_a_line_and_leave(env: dict[str, str]) -> tuple[int, bytes]:
+    with subprocess.Popen(
+        [sys.executable, "-m", "venturi", "jobs", "--limit", "3000"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        env=env,
+        cwd=ROOT,
+    ) as listing:
+        assert listing.stdout is not None and listing.stderr is not None
+        assert listing.stdout.readline()  # the header: the command is writing
+        listing.stdout.close()
+        stderr = listing.stderr.read()
+        return listing.wait(60), stderr

@@ -87,3 +87,33 @@ async def test_a_role_that_may_not_analyse_is_told_once(
     assert await estimate(store) < 0
     told = [r for r in caplog.records if r.name == "venturi.worker" and "jobs-analyze" in r.message]
     assert len(told) == 1 and "may not" in told[0].message
+
+
+async def test_an_estimate_an_analyse_cannot_mend_is_no_refusal_and_is_tried_less_often(
+    store: PostgresStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Counters that hold more than the table (the jobs table alone truncated): the owner's
+    ANALYZE leaves the estimate stale. That is not a role that may not ANALYZE, and an
+    ANALYZE at every check would not mend it: each next one waits twice as long."""
+    await no_autovacuum(store)
+    await store._pool.execute(
+        f"INSERT INTO {store.prefix}_counts (queue, kind, status, shard, n) "
+        "VALUES ('default', 'ping', 'completed', 0, 5000)"
+    )
+    analysed = 0
+    analyse = store.analyze_jobs_if_stale
+
+    async def counted(at_least: int) -> bool | None:
+        nonlocal analysed
+        done = await analyse(at_least)
+        analysed += done is True
+        return done
+
+    store.analyze_jobs_if_stale = counted  # type: ignore[method-assign]
+    caplog.set_level("INFO", logger="venturi.worker")
+    analyzer = JobsAnalyzer()
+    for _ in range(5):
+        await analyzer.run_once(store)
+    assert await estimate(store) == 0  # analysed: empty, not "never analysed" (-1)
+    assert analysed == 2  # the second found it stale again: the next waits 20 s
+    assert not [r for r in caplog.records if "may not" in r.message]

@@ -8,6 +8,7 @@ database role may not ANALYZE the table, it says so once in the log and stops tr
 from __future__ import annotations
 
 import logging
+import time
 
 from venturi.postgres import PostgresStore
 
@@ -19,6 +20,9 @@ ANALYZE_CHECK_EVERY = 10.0
 AT_LEAST = 1000
 """Jobs the counters must hold before a stale estimate matters."""
 
+CALM_AT_MOST = 600.0
+"""Seconds at most between ANALYZEs while each leaves the estimate stale (see run_once)."""
+
 
 class JobsAnalyzer:
     name = "jobs-analyze"
@@ -26,9 +30,11 @@ class JobsAnalyzer:
     def __init__(self, interval: float = ANALYZE_CHECK_EVERY) -> None:
         self.interval = interval
         self._refused = False
+        self._repeats = 0  # ANALYZEs in a row, each at the first check after the one before
+        self._calm_until = 0.0
 
     async def run_once(self, store: PostgresStore) -> None:
-        if self._refused:
+        if self._refused or time.monotonic() < self._calm_until:
             return
         analyzed = await store.analyze_jobs_if_stale(AT_LEAST)
         if analyzed is None:
@@ -38,4 +44,13 @@ class JobsAnalyzer:
                 "ANALYZE it (only its owner may): claims may be slow until autovacuum does"
             )
         elif analyzed:
+            self._repeats += 1
             logger.info("jobs-analyze: the jobs table's statistics were stale: analysed")
+            # Stale again at the next check: the table outgrows each ANALYZE, or the counters
+            # disagree with it (e.g. the jobs table alone truncated), which no ANALYZE mends.
+            # Either way, wait twice as long each time (10 minutes at most).
+            if self._repeats > 1:
+                calm = min(CALM_AT_MOST, self.interval * 2 ** (self._repeats - 1))
+                self._calm_until = time.monotonic() + calm
+        else:
+            self._repeats = 0

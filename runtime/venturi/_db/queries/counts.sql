@@ -92,5 +92,18 @@ FROM pg_class AS c,
      (SELECT coalesce(sum(n), 0) AS total FROM {prefix}_counts) AS t
 WHERE c.oid = to_regclass('{prefix}_jobs');
 
+-- jobs_may_analyze --
+-- Whether this role may ANALYZE the jobs table: a superuser, its owner or the database's
+-- (through membership too), or from PostgreSQL 17 on a holder of MAINTAIN on it. Others'
+-- ANALYZE is skipped with a warning, not refused.
+SELECT r.rolsuper
+       OR pg_has_role(c.relowner, 'USAGE')
+       OR pg_has_role(d.datdba, 'USAGE')
+       OR (current_setting('server_version_num')::int >= 170000
+           AND has_table_privilege(c.oid, 'MAINTAIN')) AS may
+FROM pg_class AS c, pg_roles AS r, pg_database AS d
+WHERE c.oid = to_regclass('{prefix}_jobs') AND r.rolname = current_user
+  AND d.datname = current_database();
+
 -- jobs_analyze --
 ANALYZE {prefix}_jobs;
