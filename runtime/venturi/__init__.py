@@ -3,6 +3,8 @@
 Everything public is exported here; submodules prefixed with `_` are private.
 """
 
+from ulid import ULID
+
 from venturi.backoff import Backoff
 from venturi.batches import Batch
 from venturi.codec import Codec, JsonCodec
@@ -49,6 +51,7 @@ from venturi.worker import Worker
 __version__ = "0.1.0"
 
 __all__ = [
+    "ULID",
     "AttachmentTooLarge",
     "Backoff",
     "Batch",

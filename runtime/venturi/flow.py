@@ -43,6 +43,14 @@ from venturi.context import Context
 from venturi.middleware import CallNext, Middleware
 from venturi.outcome import Outcome
 
+__all__ = [
+    "DEFAULT_RELEASE_AFTER",
+    "KEY_MAX_CHARS",
+    "Key",
+    "rate_limited",
+    "without_overlapping",
+]
+
 logger = logging.getLogger(__name__)
 
 Key = str | Callable[[Any], str | None]

@@ -34,6 +34,18 @@ from typing import Protocol
 
 from ulid import ULID
 
+__all__ = [
+    "Claimed",
+    "Dead",
+    "EnqueueTracer",
+    "Enqueued",
+    "Finished",
+    "Hooks",
+    "Recovered",
+    "Settled",
+    "Started",
+]
+
 
 @dataclass(frozen=True, slots=True)
 class Enqueued:

@@ -25,8 +25,9 @@ one the claim never reads it.
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from venturi.context import Context
 from venturi.outcome import Outcome
@@ -43,10 +44,51 @@ _Call = Callable[[Any, Context[Any], Any], Awaitable[Outcome | None]]
 def compose(middleware: Sequence[Middleware], handler: _Call) -> _Call:
     """`handler` wrapped in `middleware`, the first the outermost (`handler` itself when
     there is none)."""
-    call = handler
+    call = awaiting(handler, "handler")
     for mw in reversed(middleware):
-        call = _wrap(mw, call)
+        call = _wrap(awaiting(mw, "middleware"), call)
     return call
+
+
+def check_call(fn: object, where: str, parameters: str) -> None:
+    """Refuse at once a handler or middleware that could never be called as it will be,
+    with three positional arguments (`parameters` names them), rather than at every run."""
+    if not callable(fn):
+        raise TypeError(f"{where}: expected an async callable {parameters}, got {fn!r}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return  # no signature to read (a builtin): it is called as it is
+    try:
+        signature.bind(None, None, None)
+    except TypeError:
+        taken = ", ".join(signature.parameters)
+        raise TypeError(f"{where}: {_name(fn)}({taken}) cannot be called as {parameters}") from None
+
+
+def awaiting(fn: Any, what: str) -> _Call:
+    """`fn` itself when it is an `async def` (or an object whose `__call__` is); otherwise a
+    wrapper that names it when what it returns cannot be awaited (a plain `def` handler),
+    instead of Python's "object NoneType can't be used in 'await' expression"."""
+    # An async def, or an instance of a class with an async __call__.
+    if inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(type(fn).__call__):
+        return cast(_Call, fn)
+
+    async def call(first: Any, ctx: Context[Any], last: Any) -> Outcome | None:
+        result = fn(first, ctx, last)
+        if not inspect.isawaitable(result):
+            raise TypeError(
+                f"{what} {_name(fn)} returned {result!r}, which cannot be awaited: "
+                f"define it with `async def`"
+            )
+        outcome: Outcome | None = await result
+        return outcome
+
+    return call
+
+
+def _name(fn: object) -> str:
+    return str(getattr(fn, "__qualname__", None) or repr(fn))
 
 
 def _wrap(mw: Middleware, inner: _Call) -> _Call:

@@ -89,6 +89,22 @@ def _kind(task_type: type[Any]) -> str:
     return _KINDS.get(task_type) or _KINDS.setdefault(task_type, kind_of(task_type))
 
 
+def _task_kind(task: object) -> str:
+    """The KIND of a task to enqueue, or a TypeError saying what was given instead."""
+    kind = _KINDS.get(type(task))
+    if kind is not None:
+        return kind
+    if isinstance(task, type) and issubclass(task, Task):
+        name = task.__qualname__
+        raise TypeError(f"expected a task, got the class {name}: pass an instance, {name}(...)")
+    if not isinstance(task, Task):
+        raise TypeError(
+            f"expected a task (an instance of a Task subclass), got "
+            f"{type(task).__qualname__} {task!r:.80}"
+        )
+    return _kind(type(task))
+
+
 _TASK_QUEUES: dict[type[Any], str | None] = {}
 """Validated QUEUE per task class (None: the class names none)."""
 
@@ -353,7 +369,7 @@ class Queue:
         if self.tracer is None or not tasks:
             return await self._insert_many(store, tasks, priority, called, None)
         ids = new_ids(len(tasks))
-        kinds = [_kind(type(t)) for t in tasks]
+        kinds = [_task_kind(t) for t in tasks]
         destination = called or _task_queue(type(tasks[0])) or self.queue
         with self.tracer.enqueue(destination, list(zip(ids, kinds, strict=True))) as contexts:
             return await self._insert_many(store, tasks, priority, called, (ids, contexts))
@@ -368,7 +384,10 @@ class Queue:
     ) -> list[ULID]:
         """enqueue_many's inserts; `traced`: the ids chosen and their trace contexts."""
         ids, contexts = traced if traced is not None else (new_ids(len(tasks)), None)
-        if all(_no_policy(tp) for tp in {type(task) for task in tasks}):
+        one_of_each = {type(task): task for task in tasks}
+        for task in one_of_each.values():
+            _task_kind(task)  # a task of each class, checked before anything is sent
+        if all(_no_policy(tp) for tp in one_of_each):
             batch = self._plain_jobs(tasks, ids, priority, called, contexts)
             await store.insert(batch)
             self._enqueued(batch)
@@ -842,7 +861,7 @@ class Queue:
         delay_s: float | None = None,
         job_id: ULID | None = None,
     ) -> NewJob:
-        kind = _kind(type(task))
+        kind = _task_kind(task)
         queue = queue or _task_queue(type(task)) or self.queue
         if job_id is None:
             job_id = new_ids(1)[0]

@@ -21,7 +21,7 @@ import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ulid import ULID
@@ -100,8 +100,8 @@ class Schedule:
                 raise ValueError(f"{where}: every= must be a timedelta of at least 1 second")
             if self.every > timedelta(days=366):
                 raise ValueError(f"{where}: every= must be at most 366 days")
-        object.__setattr__(self, "missed", Missed(self.missed))
-        object.__setattr__(self, "overlap", Overlap(self.overlap))
+        object.__setattr__(self, "missed", _choice(where, "missed", Missed, self.missed))
+        object.__setattr__(self, "overlap", _choice(where, "overlap", Overlap, self.overlap))
         if not isinstance(self.late_after, timedelta) or self.late_after <= timedelta(0):
             raise ValueError(f"{where}: late_after must be a positive timedelta")
 
@@ -161,6 +161,18 @@ class Schedule:
 
 
 _INSTANT = timedelta(microseconds=1)
+
+
+_E = TypeVar("_E", bound=enum.StrEnum)
+
+
+def _choice(where: str, setting: str, choices: type[_E], value: str) -> _E:
+    """`value` as one of `choices`, or a ValueError naming the setting and the choices."""
+    try:
+        return choices(value)
+    except ValueError:
+        names = ", ".join(repr(c.value) for c in choices)
+        raise ValueError(f"{where}: {setting}= must be one of {names}, got {value!r}") from None
 
 
 def _check_cron(where: str, expr: str) -> None:

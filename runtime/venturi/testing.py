@@ -49,6 +49,13 @@ from venturi.queue import Queue
 from venturi.task import Task, kind_of
 from venturi.worker import Worker
 
+__all__ = [
+    "MAX_RERUNS",
+    "MAX_ROUNDS",
+    "Jobs",
+    "WorkerFactory",
+]
+
 T = TypeVar("T", bound=Task[Any])
 F = TypeVar("F", bound=Callable[..., Any])
 

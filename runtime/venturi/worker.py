@@ -59,7 +59,7 @@ from venturi.errors import DuplicateKindError
 from venturi.hooks import Dead, Hooks, Settled
 from venturi.identity import WorkerIdentity
 from venturi.maintenance import MaintenanceService, Retention
-from venturi.middleware import Middleware, compose
+from venturi.middleware import Middleware, check_call, compose
 from venturi.outcome import Outcome, PanicPolicy
 from venturi.postgres import PostgresStore
 from venturi.registry import UnknownKinds
@@ -185,8 +185,7 @@ class Worker(Generic[AppT]):
         )
         self.schedules = _schedules(schedules)
         for mw in middleware:
-            if not callable(mw):
-                raise TypeError(f"middleware: expected async callables, got {mw!r}")
+            check_call(mw, "middleware", "(task, ctx, call_next)")
         if isinstance(reporters, str | bytes) or not all(callable(r) for r in reporters):
             raise TypeError(
                 f"reporters: expected callables reporter(error, job), got {reporters!r}"
@@ -266,8 +265,8 @@ class Worker(Generic[AppT]):
                     f"register({task_type.__qualname__}): pass a handler, or define "
                     f"`async def handle(self, ctx, app)` on the task class"
                 )
-        if not callable(handler):
-            raise TypeError(f"register({task_type.__qualname__}): handler is not callable")
+        where = f"register({task_type.__qualname__})"
+        check_call(handler, where, "handler(task, ctx, app)")
         if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
             raise ValueError(f"register({task_type.__qualname__}): cap must be an int >= 1")
         existing = self._registry.get(kind)
@@ -279,8 +278,7 @@ class Worker(Generic[AppT]):
         if self._started:
             raise RuntimeError("register() must be called before run()")
         for mw in middleware:
-            if not callable(mw):
-                raise TypeError(f"register(middleware): expected async callables, got {mw!r}")
+            check_call(mw, f"{where}, middleware", "(task, ctx, call_next)")
         call = compose((*self.middleware, *middleware), handler)
         self._registry[kind] = Registration(task_type, kind, call, carry_type_of(task_type), cap)
 

@@ -106,6 +106,14 @@ async def test_task_must_be_a_dataclass_with_a_kind(queue: Queue) -> None:
         await queue.enqueue_many([Order(order_id=1), NotData()])
     with pytest.raises(TypeError, match="must define KIND"):
         await queue.enqueue_many([NoKind()])
+    instance = r"got the class Order: pass an instance, Order\(\.\.\.\)"
+    with pytest.raises(TypeError, match=instance):
+        await queue.enqueue(Order)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=instance):
+        await queue.enqueue_many([Order(order_id=1), Order])  # type: ignore[list-item]
+    not_a_task = r"expected a task \(an instance of a Task subclass\), got dict \{'n': 1\}"
+    with pytest.raises(TypeError, match=not_a_task):
+        await queue.enqueue({"n": 1})  # type: ignore[arg-type]
     assert (await queue.stats()).pending == 0  # a bad task in a batch stores nothing
     with pytest.raises(ValueError, match="KIND 'has space' is invalid"):
         Worker(None, queue.store).register(BadKind, lambda t, c, a: None)  # type: ignore[arg-type,return-value]

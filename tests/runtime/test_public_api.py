@@ -5,8 +5,8 @@ from __future__ import annotations
 import venturi
 
 
-def test_all_is_sorted_and_complete() -> None:
-    assert venturi.__all__ == sorted(venturi.__all__)
+def test_all_is_complete() -> None:
+    # Its order is ruff's (RUF022: constants, then classes, then the rest, each sorted).
     public = {name for name in vars(venturi) if not name.startswith("_")}
     modules = {name for name in public if type(getattr(venturi, name)).__name__ == "module"}
     assert set(venturi.__all__) == public - modules

@@ -134,7 +134,11 @@ def test_overlap_skip_passes_a_tick_while_the_previous_run_is_going() -> None:
         ({}, "exactly one of cron= and every="),
         ({"every": timedelta(milliseconds=10)}, "at least 1 second"),
         ({"cron": "* * * * *", "tz": "Mars/Olympus"}, "unknown time zone 'Mars/Olympus'"),
-        ({"every": timedelta(minutes=1), "missed": "sometimes"}, "'sometimes' is not a valid"),
+        (
+            {"every": timedelta(minutes=1), "missed": "sometimes"},
+            "Schedule 'bad': missed= must be one of 'skip', 'run_once', got 'sometimes'",
+        ),
+        ({"every": timedelta(minutes=1), "overlap": "no"}, "Schedule 'bad': overlap= must be"),
         ({"every": timedelta(minutes=1), "late_after": timedelta(0)}, "late_after"),
     ],
 )

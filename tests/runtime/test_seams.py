@@ -245,6 +245,49 @@ async def test_an_exception_in_middleware_fails_the_run(queue: Queue) -> None:
     assert job is not None and job.last_error is not None and "middleware bug" in job.last_error
 
 
+async def test_a_handler_or_middleware_that_cannot_take_its_arguments_is_refused_at_once(
+    queue: Queue,
+) -> None:
+    async def two(task: Step, ctx: Context[None]) -> None:
+        return None
+
+    async def handle(task: Step, ctx: Context[None], app: None) -> None:
+        return None
+
+    async def no_next(task: Step, ctx: Context[Any]) -> None:
+        return None
+
+    worker = Worker(None, queue.store)
+    call = r"\.two\(task, ctx\) cannot be called as"
+    with pytest.raises(TypeError, match=rf"^register\(Step\): .*{call} handler\(task, ctx, app\)"):
+        worker.register(Step, two)  # type: ignore[arg-type]
+    refused = r"\.no_next\(task, ctx\) cannot be called as \(task, ctx, call_next\)"
+    with pytest.raises(TypeError, match=rf"^middleware: .*{refused}"):
+        Worker(None, queue.store, middleware=[no_next])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match=rf"^register\(Step\), middleware: .*{refused}"):
+        worker.register(Step, handle, middleware=[no_next])  # type: ignore[list-item]
+    assert worker.kinds == []
+
+
+async def test_a_plain_def_handler_fails_its_run_saying_to_define_it_async(queue: Queue) -> None:
+    ran: list[int] = []
+
+    def plain(task: Step, ctx: Context[None], app: None) -> None:
+        ran.append(task.n)
+
+    worker = Worker(None, queue.store, concurrency=1, backstop=1)
+    worker.register(Step, plain)  # type: ignore[arg-type]
+    job_id = await queue.enqueue(Step("default", 1))
+    async with running(worker):
+        await until_status(queue, job_id, JobStatus.DEAD)
+    job = await queue.job(job_id)
+    assert job is not None and job.last_error is not None
+    assert "plain returned None, which cannot be awaited: define it with `async def`" in (
+        job.last_error
+    )
+    assert ran == [1]
+
+
 # -- why a run was cancelled -----------------------------------------------------------------
 
 
