@@ -41,6 +41,7 @@ from venturi.codec import Codec
 from venturi.context import Cancellation, CancelReason, Context
 from venturi.errors import JobFailed
 from venturi.jobs import FailedJob
+from venturi.middleware import check_call
 from venturi.postgres import PostgresStore
 
 logger = logging.getLogger("venturi.worker")
@@ -68,6 +69,18 @@ class _Death:
 def has_hook(task_type: type[Any]) -> bool:
     """Whether the task class defines a `failed` hook."""
     return callable(getattr(task_type, "failed", None))
+
+
+def check_hook(task_type: type[Any], where: str) -> None:
+    """Refuse, when the task is registered, a `failed` hook that could not be called as it
+    will be (`task.failed(error, ctx, app)`), rather than lose it when a job dies."""
+    if not has_hook(task_type):
+        return
+    # Called on the task, so a plain function of the class also takes `self`.
+    hook = inspect.getattr_static(task_type, "failed")
+    plain = inspect.isfunction(hook)  # not a staticmethod or classmethod
+    parameters = "failed(self, error, ctx, app)" if plain else "failed(error, ctx, app)"
+    check_call(task_type.failed, where, parameters, count=4 if plain else 3)
 
 
 class Undertaker:

@@ -50,9 +50,9 @@ def compose(middleware: Sequence[Middleware], handler: _Call) -> _Call:
     return call
 
 
-def check_call(fn: object, where: str, parameters: str) -> None:
-    """Refuse at once a handler or middleware that could never be called as it will be,
-    with three positional arguments (`parameters` names them), rather than at every run."""
+def check_call(fn: object, where: str, parameters: str, count: int = 3) -> None:
+    """Refuse at once a handler, middleware or hook that could never be called as it will
+    be, with `count` positional arguments (`parameters` names them), rather than at a run."""
     if not callable(fn):
         raise TypeError(f"{where}: expected an async callable {parameters}, got {fn!r}")
     try:
@@ -60,7 +60,7 @@ def check_call(fn: object, where: str, parameters: str) -> None:
     except (TypeError, ValueError):
         return  # no signature to read (a builtin): it is called as it is
     try:
-        signature.bind(None, None, None)
+        signature.bind(*[None] * count)
     except TypeError:
         taken = ", ".join(signature.parameters)
         raise TypeError(f"{where}: {_name(fn)}({taken}) cannot be called as {parameters}") from None

@@ -51,7 +51,7 @@ from venturi._runner import Runner
 from venturi._scheduler import Scheduler
 from venturi._settings import DEFAULT_QUEUE, check_queue_name, worker_settings
 from venturi._timeouts import wait_for
-from venturi._undertaker import Reporter, Undertaker
+from venturi._undertaker import Reporter, Undertaker, check_hook
 from venturi.backoff import DEFAULT_BACKOFF, Backoff, Seconds, to_seconds
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.context import Context
@@ -267,6 +267,7 @@ class Worker(Generic[AppT]):
                 )
         where = f"register({task_type.__qualname__})"
         check_call(handler, where, "handler(task, ctx, app)")
+        check_hook(task_type, where)
         if cap is not None and (not isinstance(cap, int) or isinstance(cap, bool) or cap < 1):
             raise ValueError(f"register({task_type.__qualname__}): cap must be an int >= 1")
         existing = self._registry.get(kind)

@@ -357,3 +357,38 @@ async def test_a_hook_that_runs_out_of_time_leaves_the_reporters_their_turn(
         "its failure hook took longer than 1.4s; cut short, the reporters run" in m
         for m in messages
     ), messages
+
+
+async def test_a_hook_that_could_not_be_called_is_refused_when_its_task_is_registered(
+    store: PostgresStore,
+) -> None:
+    """`task.failed(error, ctx, app)` with the wrong parameters was found when a job died,
+    and the hook lost (logged); register() names it instead."""
+
+    @dataclass
+    class NoApp(Task):
+        KIND = "hook.no_app"
+
+        async def failed(self, error: BaseException, ctx: Context[None]) -> None:
+            return None
+
+    @dataclass
+    class Static(Task):
+        KIND = "hook.static"
+
+        @staticmethod
+        async def failed(error: BaseException, ctx: Context[None], app: None) -> None:
+            return None
+
+    async def handle(task: Task, ctx: Context[None], app: None) -> None:
+        return None
+
+    worker = Worker(None, store)
+    refused = (
+        r"NoApp\.failed\(self, error, ctx\) cannot be called as failed\(self, error, ctx, app\)"
+    )
+    with pytest.raises(TypeError, match=rf"^register\(.*NoApp\): .*{refused}"):
+        worker.register(NoApp, handle)
+    worker.register(Static, handle)  # a staticmethod takes no self
+    worker.register(Charge, handle)
+    assert worker.kinds == ["hook.static", "charge"]
