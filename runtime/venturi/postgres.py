@@ -217,6 +217,10 @@ class PostgresStore:
         self._prefix = sql.validate_prefix(prefix)
         self._q = sql.queries(prefix)
         self._pool = pool
+        try:
+            self._loop: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:  # made outside a loop: not checked
+            self._loop = None
         self._owns_pool = owns_pool and conn is None
         self._connect_args = connect_args
         """How LISTEN connects, on a connection of its own outside the pool (None: it takes
@@ -351,7 +355,7 @@ class PostgresStore:
     def with_prefix(self, prefix: str) -> PostgresStore:
         """Another queue namespace over the same pool (which this store keeps owning), or
         the same caller's connection."""
-        return PostgresStore(
+        other = PostgresStore(
             self._pool_or_raise() if self._conn is None else self._pool,
             prefix=prefix,
             owns_pool=False,
@@ -360,6 +364,8 @@ class PostgresStore:
             pooler=self._pooler,
             statement_timeout_ms=self._statement_timeout_ms,
         )
+        other._loop = self._loop
+        return other
 
     def using(self, conn: Connection, *, autocommit: bool = False) -> PostgresStore:
         """This store's queue (same prefix), on a connection the caller holds: every
@@ -373,7 +379,7 @@ class PostgresStore:
         caller's transaction ends. Cheap to make: one per transaction, or per call, is fine.
         The bound store never closes `conn`, and cannot LISTEN.
         """
-        return PostgresStore(
+        bound = PostgresStore(
             self._pool,
             prefix=self._prefix,
             owns_pool=False,
@@ -381,6 +387,8 @@ class PostgresStore:
             conn=CallersConnection(conn, self._q, autocommit=autocommit),
             pooler=self._pooler,
         )
+        bound._loop = self._loop
+        return bound
 
     @property
     def prefix(self) -> str:
@@ -479,6 +487,12 @@ class PostgresStore:
     def _pool_or_raise(self) -> asyncpg.Pool:
         if self._closed:
             raise StoreClosedError("PostgresStore is closed; create a new one")
+        if self._loop is not None and _running_loop(self._loop) is not self._loop:
+            # asyncpg would say "Event loop is closed" or "attached to a different loop".
+            raise RuntimeError(
+                "this PostgresStore was connected in another event loop: its connections "
+                "belong to that loop; connect a store in each loop (each asyncio.run())"
+            )
         return self._pool
 
     # -- schema ----------------------------------------------------------------------
@@ -1933,3 +1947,11 @@ async def _first_of(*events: asyncio.Event) -> None:
     finally:
         for w in waiters:
             w.cancel()
+
+
+def _running_loop(default: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:
+    """The running event loop; `default` when none runs (a store made in sync code)."""
+    try:
+        return asyncio.get_running_loop()
+    except RuntimeError:
+        return default

@@ -249,6 +249,32 @@ async def test_closed_store_says_so(pg_dsn: str, prefix: str) -> None:
         await store.stats()
 
 
+def test_a_store_used_in_another_event_loop_says_so(pg_dsn: str, prefix: str) -> None:
+    """A store's connections belong to the loop it was connected in (asyncpg said "Event loop
+    is closed" or "attached to a different loop", or a later asyncio.run hung on them)."""
+    home, other = asyncio.new_event_loop(), asyncio.new_event_loop()
+    try:
+        store = home.run_until_complete(PostgresStore.connect(pg_dsn, prefix=prefix))
+        home.run_until_complete(store.migrate())
+        queue = Queue(store)
+
+        async def elsewhere() -> None:
+            message = "this PostgresStore was connected in another event loop"
+            with pytest.raises(RuntimeError, match=message):
+                await queue.enqueue(Order(order_id=1))
+            with pytest.raises(RuntimeError, match=message):
+                await queue.stats()
+            with pytest.raises(RuntimeError, match=message):
+                await queue.store.with_prefix(prefix).stats()
+
+        other.run_until_complete(elsewhere())
+        assert home.run_until_complete(queue.stats()).pending == 0  # at home: fine
+        home.run_until_complete(store.close())
+    finally:
+        other.close()
+        home.close()
+
+
 async def test_closing_a_store_ends_even_with_a_connection_never_given_back(
     pg_dsn: str, prefix: str, caplog: pytest.LogCaptureFixture
 ) -> None:
