@@ -111,6 +111,7 @@ class Pending(Generic[T]):
     task: T
     """The existing job's payload, decoded into the task class."""
     carry: Any
-    """The existing job's typed carry (None for carry-less tasks)."""
+    """The existing job's carry, decoded into the task's carry type (None for carry-less
+    tasks); `Any` to a type checker, which cannot tie it to `T`."""
     run_count: int
     journal: tuple[JournalEntry, ...]
