@@ -399,6 +399,9 @@ class PoolLoad:
     #: Of ``pending``, jobs of kinds the pool's live workers do not serve (the worker
     #: registry, ``venturi_operator.serving``): no demand, a condition.
     unserved: int = 0
+    #: The ``unserved`` were judged by the workers of a previous pod template (a release):
+    #: they ask for one replica, whose worker tells whether the new pods serve them.
+    probe: bool = False
 
     def __post_init__(self) -> None:
         if self.pending < 0 or self.claimed < 0:
@@ -781,7 +784,13 @@ def _is_active(load: PoolLoad, pool: PoolScaling) -> bool:
         load.claimed > 0
         or load.demand > pool.activation_threshold
         or _age_target_missed(load, pool)
+        or _probing(load)
     )
+
+
+def _probing(load: PoolLoad) -> bool:
+    """Whether jobs a previous pod template's workers did not serve wait for the new one's."""
+    return load.probe and load.unserved > 0
 
 
 def _age_target_missed(load: PoolLoad, pool: PoolScaling) -> bool:
@@ -821,6 +830,15 @@ def _recommend(
             (
                 f"idle: {load.demand} pending (activation threshold "
                 f"{pool.activation_threshold}), none claimed"
+            ),
+        )
+    if _probing(load) and load.demand == 0 and load.claimed == 0:
+        return (
+            1,
+            Reason.AT_TARGET if current == 1 else Reason.BACKLOG_BELOW_TARGET,
+            (
+                f"{load.unserved} pending of kinds the workers of the pool's previous pod "
+                f"template did not register: 1 replica to learn whether the new one's do"
             ),
         )
     k = pool.target_per_replica

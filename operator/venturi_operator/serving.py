@@ -13,7 +13,10 @@ not take their silence for "serves nothing". Per pool, the kinds served are read
 2. when no pod of the pool has a live row (at zero, pods starting, a database outage), what
    (1) last found for the same pod template: scaled to zero, the pool stays asleep for a kind
    its workers did not serve, and wakes for every kind they did. A new template (a release,
-   ``kubectl rollout restart``) may serve more, so it forgets: the pool wakes once more to learn;
+   ``kubectl rollout restart``) may serve more: until one of its pods registers, what the
+   previous one served stands as a ``probe``: the kinds it served are demand as before, and
+   the others ask for one replica, whose worker will say (not one per N jobs of a kind the
+   new pods may not serve either);
 3. otherwise nothing is known, and every kind counts, as if there were no registry: a pool
    whose workers write no rows, or one the operator has not yet seen running (it was
    restarted), scales as it always did.
@@ -53,14 +56,18 @@ class Coverage:
     registrations: tuple[Registration, ...]
     #: True when read from the pool's pods this tick; False when remembered (rule 2).
     live: bool = True
+    #: Remembered from another pod template than the pool's now (rule 2): the kinds it did
+    #: not serve may be served by the new one, which one replica will tell.
+    probe: bool = False
 
     def serves(self, queue: str, kind: str) -> bool:
         return any(r.serves(queue, kind) for r in self.registrations)
 
     def registers(self, kind: str) -> bool:
         """Whether some worker takes ``kind`` in some queue (a NOTIFY names no queue: a kind
-        that is no worker's in any queue wakes the pool for nothing)."""
-        return any(r.every_kind or kind in r.kinds for r in self.registrations)
+        that is no worker's in any queue wakes the pool for nothing); while probing, any may
+        be the new pods'."""
+        return self.probe or any(r.every_kind or kind in r.kinds for r in self.registrations)
 
 
 def pool_coverage(
@@ -79,6 +86,12 @@ def pool_coverage(
     mine = tuple(sorted((w for w in workers if w.pod in pods), key=lambda w: w.pod))
     if mine:
         return Coverage(template=template, registrations=mine)
-    if remembered is not None and template is not None and remembered.template == template:
-        return Coverage(template=template, registrations=remembered.registrations, live=False)
-    return None
+    if remembered is None or template is None:
+        return None
+    # Kept under the template it was read from: the probe lasts until a new pod registers.
+    return Coverage(
+        template=remembered.template,
+        registrations=remembered.registrations,
+        live=False,
+        probe=remembered.template != template,
+    )

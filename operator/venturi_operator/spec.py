@@ -427,6 +427,7 @@ def pool_loads(
                 age = max(0.0, age)
                 current = oldest[name]
                 oldest[name] = age if current is None else max(current, age)
+    coverage = coverage or {}
     return {
         name: PoolLoad(
             pending=pending[name],
@@ -435,6 +436,7 @@ def pool_loads(
             finished=finished[name],
             paused=paused[name],
             unserved=unserved[name],
+            probe=getattr(coverage.get(name), "probe", False),
         )
         for name in pending
     }

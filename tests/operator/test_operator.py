@@ -1273,14 +1273,29 @@ async def test_kinds_the_pools_workers_do_not_serve_are_a_condition_not_demand(
         said = condition(kube.get(JOBQUEUES, NS, "mail"), "UnservedKinds")
         assert said["status"] == "True"
         assert "which its workers did not register when last seen" in said["message"]
-        # A new template: what its pods serve is not known yet, so the jobs count again.
+        # A new template: what its pods serve is not known yet. One replica finds out (not
+        # ceil(25 / 10) for jobs the new pods may not serve either) ...
         kube.patch(
             DEPLOYMENTS,
             NS,
             "mailer",
             {"spec": {"template": {"metadata": {"annotations": {"release": "2"}}}}},
         )
-        await replicas_become(kube, "mailer", 3)  # ceil(25 / 10)
+        await replicas_become(kube, "mailer", 1)
+        await ticks(reconciler, 2)
+        assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 1
+        [pool] = kube.get(JOBQUEUES, NS, "mail")["status"]["pools"]
+        assert "1 replica to learn whether the new one's do" in pool["message"]
+        # ... whose worker, of the new template, serves them: the condition clears.
+        kube.pod(NS, "mailer-c", labels={"app": "mailer"})
+        async with registered(store, "mailer-c", Mail):
+            await kube.wait_for(
+                JOBQUEUES,
+                NS,
+                "mail",
+                lambda o: condition(o, "UnservedKinds").get("status") == "False",
+                timeout=TIMEOUT,
+            )
 
 
 async def test_a_pool_whose_workers_write_no_registry_rows_scales_as_before(

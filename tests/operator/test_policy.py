@@ -1396,6 +1396,22 @@ def test_paused_and_unserved_jobs_are_no_demand() -> None:
         PoolLoad(pending=5, claimed=0, paused=4, unserved=2)
 
 
+def test_jobs_a_previous_template_did_not_serve_ask_for_one_replica_to_learn() -> None:
+    """After a release, what the old pods served stands until a new pod registers: the
+    kinds they did not serve wake one replica (whose worker will tell), not one per N."""
+    spec = pool(activation_threshold=0)
+    probing = PoolLoad(pending=50, claimed=0, unserved=50, probe=True)
+    woken = decide(probing, spec, OLD, NOW, current=0)
+    assert (woken.replicas, woken.reason) == (1, Reason.ACTIVATED)
+    assert "50 pending of kinds the workers of the pool's previous pod template" in woken.message
+    assert decide(probing, spec, OLD, NOW, current=1).replicas == 1
+    # Served kinds beside them are demand as ever; without a probe, none wakes the pool.
+    mixed = PoolLoad(pending=50, claimed=0, unserved=20, probe=True)
+    assert decide(mixed, spec, OLD, NOW, current=0).replicas == 3  # ceil(30 / 10)
+    known = PoolLoad(pending=50, claimed=0, unserved=50)
+    assert decide(known, spec, OLD, NOW, current=0).replicas == 0
+
+
 def test_explicit_tolerance_applies_to_the_capacity_recommendation() -> None:
     behavior = Behavior(scale_up=rules(0, pods(100), tolerance=0.5), scale_down=None)
     spec = pool(target_per_replica=8, behavior=behavior)

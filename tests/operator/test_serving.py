@@ -48,8 +48,16 @@ def test_at_zero_the_last_coverage_of_the_same_template_stands() -> None:
     assert asleep == Coverage(template="t1", registrations=(MAIL,), live=False)
     # ... tick after tick while the pool sleeps ...
     assert pool_coverage([], [], template="t1", remembered=asleep) == asleep
-    # ... until the pods are replaced by a new template: it may serve more, so nothing is known.
-    assert pool_coverage([], [], template="t2", remembered=asleep) is None
+    # ... until the pods are replaced by a new template: it may serve more. What the old one
+    # served stands, as a probe (the rest asks for one replica), until a new pod registers.
+    probe = Coverage(template="t1", registrations=(MAIL,), live=False, probe=True)
+    assert pool_coverage([], [], template="t2", remembered=asleep) == probe
+    assert pool_coverage([], [], template="t2", remembered=probe) == probe  # tick after tick
+    assert probe.registers("report")  # a NOTIFY of any kind may be for the new pods
+    new = Registration(pod="mailer-z", queues=("default",), kinds=("mail", "report"))
+    assert pool_coverage(["mailer-z"], [new], template="t2", remembered=probe) == Coverage(
+        template="t2", registrations=(new,)
+    )
     assert pool_coverage([], [], template=None, remembered=asleep) is None
 
 
