@@ -36,6 +36,8 @@ PROBE_INTERVAL = 5.0
 (its server wedged, or the network gone) is found within PROBE_INTERVAL + PROBE_TIMEOUT."""
 PROBE_TIMEOUT = 5.0
 """Seconds a probe may take before the connection is declared dead."""
+MIN_PROBE_INTERVAL = 0.2
+"""Seconds; the shortest interval between probes, whatever the server's idle timeout."""
 
 
 class Notifier:
@@ -121,10 +123,19 @@ class Notifier:
 
     async def _watch(self, listening: Listening) -> None:
         """Return when the connection is lost or a probe fails."""
+        interval = self._probe_interval
+        if listening.idle_timeout is not None:
+            # A probe resets the server's idle_session_timeout: probe well within it, or the
+            # server ends the connection each time it is idle that long.
+            interval = max(MIN_PROBE_INTERVAL, min(interval, listening.idle_timeout / 2))
         while True:
             try:
-                await wait_for(self._lost.wait(), self._probe_interval)
-                logger.warning("LISTEN connection lost on %s", self._store.channel)
+                await wait_for(self._lost.wait(), interval)
+                logger.warning(
+                    "LISTEN connection lost on %s (ended by the server or the network: a "
+                    "restart, pg_terminate_backend, a timeout of the server or of a proxy)",
+                    self._store.channel,
+                )
                 return
             except TimeoutError:
                 pass

@@ -21,8 +21,23 @@ from venturi._timeouts import wait_for
 
 logger = logging.getLogger("venturi.worker")
 
-QUERY_CANCELED = "57014"
-"""SQLSTATE of a statement cancelled by statement_timeout or pg_cancel_backend."""
+REFUSALS = {
+    "57014": (
+        "a statement_timeout of the role or database (SHOW statement_timeout) shorter than "
+        "venturi's statements take, or someone cancelling them"
+    ),
+    "25006": (
+        "the database is read-only: a hot standby (the DSN reaches a replica, or a failover "
+        "is not done yet), or default_transaction_read_only (which some managed services set "
+        "when the disk is full); nothing is claimed or settled until it takes writes again"
+    ),
+    "55P03": (
+        "a lock_timeout of the role or database (SHOW lock_timeout) shorter than venturi's "
+        "statements wait for a row or table lock"
+    ),
+}
+"""SQLSTATEs of statements the database answered and cut short or refused, by why: not an
+outage (other statements succeed meanwhile: "unavailable" then "back" would alternate)."""
 REFUSAL_LOG_INTERVAL = 60.0
 """Seconds between two ERRORs for the same refusal of the same loop."""
 
@@ -50,15 +65,9 @@ class Outage:
                 "privileges and upgrades)",
             )
             return
-        if getattr(exc, "sqlstate", None) == QUERY_CANCELED:
-            # Answered, and cut short: a statement_timeout too short for venturi's statements
-            # (a role's or database's setting), or someone cancelling them. Not an outage.
-            self._refused(
-                what,
-                exc,
-                "a statement_timeout of the role or database (SHOW statement_timeout) "
-                "shorter than venturi's statements take, or someone cancelling them",
-            )
+        why = REFUSALS.get(getattr(exc, "sqlstate", None) or "")
+        if why is not None:
+            self._refused(what, exc, why)
             return
         self._failures += 1
         if self._since is None:

@@ -50,7 +50,7 @@ DEFAULT_QUEUE = "default"
 
 
 def check_kind(value: object, *, setting: str = "kind") -> str:
-    """A KIND given as text (a filter, a command-line flag): 1-200 characters, letters,
+    """A KIND given as text (a filter, a command-line flag): 1-200 characters, ASCII letters,
     digits and `_ . : / -`, starting with a letter or digit."""
     if not isinstance(value, str) or not KIND_PATTERN.fullmatch(value):
         raise ValueError(f"{setting}: invalid KIND {value!r:.80}: expected {NAME_RULE}")

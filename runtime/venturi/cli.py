@@ -47,6 +47,7 @@ from ulid import ULID
 
 from venturi import _loops, logs
 from venturi._dsn import secret_pieces
+from venturi._outage import REFUSALS
 from venturi._settings import check_kind, check_queue_name
 from venturi.embedded import EmbeddedPostgresError
 from venturi.encryption import KEYS_ENV, KeyRing, SealedCodec, new_key
@@ -1069,7 +1070,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncpg.InterfaceError,
         EmbeddedPostgresError,
     ) as exc:
-        return _fail(args, exc, f"database error: {exc}", redact)
+        why = REFUSALS.get(getattr(exc, "sqlstate", None) or "")
+        said = f"database error: {exc}" + (f" ({why})" if why else "")
+        return _fail(args, exc, said, redact)
     except KeyboardInterrupt:
         return 130
 

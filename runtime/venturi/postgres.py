@@ -191,7 +191,7 @@ def _schema_required(method: _Method) -> _Method:
         try:
             return await method(self, *args, **kwargs)
         except asyncpg.UndefinedTableError as exc:
-            raise self._missing_schema(exc) from None
+            raise await self._missing_schema(exc) from None
 
     return cast(_Method, checked)
 
@@ -549,6 +549,16 @@ class PostgresStore:
             self._refuse_newer(done)
             if all(m.version in done for m in known):
                 return applied_now  # nothing to do: no lock, no DDL, no CREATE privilege
+        elif (elsewhere := await self._prefix_elsewhere()) is not None:
+            logger.warning(
+                "migrate: prefix %r is installed in schema %s, off this session's search_path "
+                "(%s): making a second, separate queue in the first schema of that path (its "
+                "workers will not see the other's jobs); to use the existing one, put its "
+                "schema on the search_path instead",
+                self._prefix,
+                ", ".join(elsewhere[1]),
+                elsewhere[0],
+            )
         async with self._run.transaction() as tx:
             await tx.execute(q["lock_migrations"], key=_lock_key(self._prefix))
             await tx.execute(q["migration_table_create"])
@@ -619,7 +629,7 @@ class PostgresStore:
         try:
             rows = await self._run.fetch(self._q["migration_list"])
         except asyncpg.UndefinedTableError as exc:
-            raise self._missing_schema(exc) from None
+            raise await self._missing_schema(exc) from None
         done = {r["version"] for r in rows}
         self._refuse_newer(done)
         missing = sorted({m.version for m in sql.migrations(self._prefix)} - done)
@@ -661,13 +671,36 @@ class PostgresStore:
                 f"venturi here (running against a schema it does not know could corrupt jobs)"
             )
 
-    def _missing_schema(self, exc: asyncpg.UndefinedTableError) -> SchemaError:
+    async def _missing_schema(self, exc: asyncpg.UndefinedTableError) -> SchemaError:
         """asyncpg's "relation ... does not exist" on an unmigrated prefix, said plainly (the
-        cause is kept: the operator matches "does not exist")."""
+        cause is kept: the operator matches "does not exist"). Where the prefix's tables are
+        in a schema off this session's search_path, it says so: migrating would make a
+        second, empty queue beside them, which no worker of the first would serve."""
+        elsewhere = await self._prefix_elsewhere()
+        if elsewhere is not None:
+            path, schemas = elsewhere
+            return SchemaError(
+                f"{exc}: the tables of prefix {self._prefix!r} are in schema "
+                f"{', '.join(schemas)}, which is not on this session's search_path ({path}): "
+                f"put it there (ALTER ROLE ... SET search_path, or options=-c search_path=... "
+                f"in the DSN); `venturi migrate` would make a second, separate queue instead"
+            )
         return SchemaError(
             f"{exc}: the tables of prefix {self._prefix!r} are missing, or older than this "
             f"release of venturi; run `venturi migrate` (or `await store.migrate()`) first"
         )
+
+    async def _prefix_elsewhere(self) -> tuple[str, list[str]] | None:
+        """(search_path, schemas) when the prefix's tables are in schemas this session does
+        not see; None when they are nowhere, or this cannot be read (the caller's
+        transaction, aborted by the error, refuses any statement)."""
+        try:
+            row = await self._run.fetchrow(self._q["prefix_elsewhere"])
+        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, ValueError):
+            return None
+        if row is None or not row["schemas"]:
+            return None
+        return row["search_path"], list(row["schemas"])
 
     # -- producing -------------------------------------------------------------------
 
@@ -739,7 +772,7 @@ class PostgresStore:
             try:
                 await self._run.execute(stmt, **values)
             except asyncpg.UndefinedTableError as exc:
-                raise self._missing_schema(exc) from None
+                raise await self._missing_schema(exc) from None
             return
         args = stmt.args(values)
         pool = self._pool_or_raise()
@@ -755,7 +788,7 @@ class PostgresStore:
                 await self._held.execute(stmt.text, *args)
             except BaseException as exc:
                 if isinstance(exc, asyncpg.UndefinedTableError):
-                    raise self._missing_schema(exc) from None
+                    raise await self._missing_schema(exc) from None
                 if not breaks_connection(exc):
                     raise  # the statement failed; the connection is fine
                 # Broken or cancelled mid-statement: drop the connection whatever its state
@@ -1279,7 +1312,8 @@ class PostgresStore:
             conn.add_termination_listener(terminated)
             for channel in channels:
                 await conn.add_listener(channel, notified)
-            yield Listening(conn, self._q["connection_probe"].text)
+            idle = await conn.fetchval(self._q["idle_session_timeout"].text)
+            yield Listening(conn, self._q["connection_probe"].text, idle_timeout=idle or None)
         finally:
             # Close rather than UNLISTEN channel by channel: it cannot be interrupted
             # half-way (by a cancellation at shutdown). A pooled connection that died is
@@ -1914,9 +1948,12 @@ def _dedup_lock_key(prefix: str, job: NewJob) -> int:
 class Listening:
     """A live LISTEN connection, as `PostgresStore.listen` yields it."""
 
-    def __init__(self, conn: Any, probe_sql: str) -> None:
+    def __init__(self, conn: Any, probe_sql: str, *, idle_timeout: float | None = None) -> None:
         self._conn = conn
         self._probe_sql = probe_sql
+        self.idle_timeout = idle_timeout
+        """The server's idle_session_timeout in seconds (None: none): the server ends the
+        session after that long without a statement, so it must be probed more often."""
 
     async def probe(self) -> None:
         """Round-trip a trivial query; raises if the connection is dead."""

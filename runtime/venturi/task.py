@@ -32,13 +32,13 @@ C = TypeVar("C", default=None)
 """The carry type; tasks that declare none carry nothing (`Task` is `Task[None]`)."""
 
 KIND_PATTERN = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,199}")
-"""What a KIND (and a queue name) may be: 1-200 characters, letters, digits and _ . : / -."""
-NAME_RULE = "1-200 characters, letters, digits and _ . : / -, starting with a letter or digit"
+"""What a KIND (and a queue name) may be: 1-200 characters, ASCII letters, digits and _ . : / -."""
+NAME_RULE = "1-200 characters, ASCII letters, digits and _ . : / -, starting with a letter or digit"
 """KIND_PATTERN in words, for the errors that refuse a name."""
 
 
 def check_queue_name(value: object, *, setting: str = "queue") -> str:
-    """A queue name follows the rules of a KIND: 1-200 characters, letters, digits and
+    """A queue name follows the rules of a KIND: 1-200 characters, ASCII letters, digits and
     `_ . : / -`, starting with a letter or digit."""
     if not isinstance(value, str):
         raise TypeError(f"{setting}: expected a queue name (a str), got {value!r}")

@@ -738,6 +738,34 @@ def test_worker_settings_at_their_bounds_and_documented_clamps(
 # -- the schema: missing, older or newer than this release (issue 11) ----------------------
 
 
+async def test_tables_off_the_search_path_are_named_and_migrating_warns_of_a_second_queue(
+    store: PostgresStore, pg_dsn: str, prefix: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A role whose search_path leaves out the schema of the tables: "run venturi migrate"
+    made a second, empty queue in its schema, which the first queue's producers never fill."""
+    schema = f"{prefix}_s"
+    await store._pool.execute(f"CREATE SCHEMA {schema}")
+    sep = "&" if "?" in pg_dsn else "?"
+    off_path = f"{pg_dsn}{sep}options=-c%20search_path%3D{schema}"
+    try:
+        async with await PostgresStore.connect(off_path, prefix=prefix) as other:
+            elsewhere = (
+                rf"the tables of prefix '{prefix}' are in schema public, which is not on this "
+                rf"session's search_path \({schema}\): put it there"
+            )
+            with pytest.raises(SchemaError, match=elsewhere):
+                await Queue(other).stats()
+            with pytest.raises(SchemaError, match=elsewhere):
+                await Queue(other).enqueue(Order(order_id=1))
+            caplog.set_level("WARNING", logger="venturi")
+            assert await other.migrate()  # still possible: a queue of its own, said so
+            [said] = [r.message for r in caplog.records if "second, separate queue" in r.message]
+            assert f"prefix '{prefix}' is installed in schema public" in said
+            assert (await Queue(other).stats()).pending == 0
+    finally:
+        await store._pool.execute(f"DROP SCHEMA {schema} CASCADE")
+
+
 async def test_an_unmigrated_prefix_says_to_migrate(pg_dsn: str, prefix: str) -> None:
     async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
         queue = Queue(store)

@@ -14,6 +14,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import asyncpg
 import pytest
 
 from venturi import JobStatus, Queue
@@ -425,3 +426,22 @@ def _read_a_line_and_leave(env: dict[str, str]) -> tuple[int, bytes]:
         listing.stdout.close()
         stderr = listing.stderr.read()
         return listing.wait(60), stderr
+
+
+async def test_a_statement_cut_short_by_a_setting_names_the_setting(
+    queue: Queue, pg_dsn: str
+) -> None:
+    """The command's one line names the setting that cut the statement short (was asyncpg's
+    "canceling statement due to lock timeout" alone)."""
+    sep = "&" if "?" in pg_dsn else "?"
+    hasty = f"{pg_dsn}{sep}options=-c%20lock_timeout%3D100"
+    locker = await asyncpg.connect(pg_dsn)
+    try:
+        async with locker.transaction():
+            await locker.execute(f"LOCK TABLE {queue.store.prefix}_counts IN ACCESS EXCLUSIVE MODE")
+            run = await asyncio.to_thread(venturi, "stats", dsn=hasty, prefix=queue.store.prefix)
+    finally:
+        await locker.close()
+    assert run.returncode == 2
+    assert run.stderr.startswith("venturi: database error: canceling statement due to lock")
+    assert "(a lock_timeout of the role or database (SHOW lock_timeout)" in run.stderr

@@ -36,6 +36,7 @@ from venturi._completer import Completer
 from venturi._db import sql
 from venturi._db.failures import breaks_connection, is_database_failure, is_refused_data
 from venturi._executor import Policy, _unrecordable
+from venturi._outage import Outage
 from venturi._records import Settlement
 
 from .helpers import running, until, until_status
@@ -81,6 +82,21 @@ def test_failures_from_inside_asyncpg_count_as_database_failures() -> None:
     assert is_database_failure(raised.value)
     assert not is_database_failure(KeyError("a bug of ours"))
     assert not is_database_failure(AssertionError())
+
+
+def test_statements_the_database_answered_and_refused_are_no_outage() -> None:
+    """A statement_timeout, a read-only database (25006), a lock_timeout: the server is
+    there, so a read succeeding meanwhile must not announce "the database is back"."""
+    outage = Outage("w")
+    for refused in (
+        asyncpg.QueryCanceledError("canceling statement due to statement timeout"),
+        asyncpg.ReadOnlySQLTransactionError("cannot execute INSERT in a read-only transaction"),
+        asyncpg.LockNotAvailableError("canceling statement due to lock timeout"),
+    ):
+        outage.failed("claiming", refused)
+        assert not outage.ongoing, refused
+    outage.failed("claiming", asyncpg.AdminShutdownError("terminating connection"))
+    assert outage.ongoing
 
 
 def test_only_statement_errors_leave_a_connection_reusable() -> None:

@@ -189,3 +189,92 @@ async def test_a_statement_timeout_too_short_is_an_error_not_an_outage(
     assert not [m for m in said if "unavailable" in m or "is back" in m], said
     refused = [m for m in said if "claiming was refused" in m]
     assert len(refused) == 1 and "statement_timeout" in refused[0], said
+
+
+async def test_a_read_only_database_is_named_and_not_called_an_outage(
+    store: PostgresStore, pg_dsn: str
+) -> None:
+    """default_transaction_read_only (a managed service's full disk) or a hot standby: reads
+    succeed and writes are refused, so "unavailable" and "the database is back" alternated
+    (each read ended the "outage"). The worker names it once, retries quietly, and works as
+    soon as writes are taken."""
+    done = asyncio.Event()
+
+    async def ping(task: Ping, ctx: Context[None], app: None) -> Outcome:
+        done.set()
+        return Outcome.completed()
+
+    records: list[logging.LogRecord] = []
+    retried = asyncio.Event()
+
+    class Retries(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            records.append(record)
+            if sum("refused again" in r.getMessage() for r in records) >= 3:
+                retried.set()
+
+    handler = Retries(logging.DEBUG)
+    log = logging.getLogger("venturi.worker")
+    log.addHandler(handler)
+    level = log.level
+    log.setLevel(logging.DEBUG)
+    read_only = "ALTER ROLE {role} SET default_transaction_read_only = on"
+    await Queue(store).enqueue(Ping(1))
+    try:
+        async with (
+            role(pg_dsn, store, ALL_TABLES, ALL_SEQUENCES, read_only) as dsn,
+            await PostgresStore.connect(dsn, prefix=store.prefix) as app,
+        ):
+            worker: Worker[None] = Worker(None, app)
+            worker.register(Ping, ping)
+            shutdown = asyncio.Event()
+            run = asyncio.create_task(worker.run(shutdown))
+            await asyncio.wait_for(retried.wait(), WAIT_TIMEOUT)  # three retries refused
+            said = [r.getMessage() for r in records if r.levelno >= logging.WARNING]
+            assert not [m for m in said if "unavailable" in m or "is back" in m], said
+            refused = [m for m in said if "was refused" in m]
+            assert refused, said
+            assert all("the database is read-only: a hot standby" in m for m in refused), said
+            # Writes are taken again (the role's new sessions): the worker gets to work.
+            admin = await asyncpg.connect(pg_dsn)
+            try:
+                name = f"{store.prefix}_app"
+                await admin.execute(f"ALTER ROLE {name} RESET default_transaction_read_only")
+                await admin.execute(
+                    "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE usename = $1",
+                    name,
+                )
+            finally:
+                await admin.close()
+            await asyncio.wait_for(done.wait(), WAIT_TIMEOUT)
+            shutdown.set()
+            await asyncio.wait_for(run, WAIT_TIMEOUT)
+    finally:
+        log.removeHandler(handler)
+        log.setLevel(level)
+
+
+async def test_the_listen_connection_outlives_an_idle_session_timeout(
+    store: PostgresStore, pg_dsn: str
+) -> None:
+    """A role's idle_session_timeout (PostgreSQL 14+; some managed services set one) ended
+    the LISTEN connection each time it was idle that long, probed every 5 s: a reconnect and
+    two WARNINGs every few seconds. It is probed within half the timeout now."""
+    done = asyncio.Event()
+
+    async def ping(task: Ping, ctx: Context[None], app: None) -> Outcome:
+        done.set()
+        return Outcome.completed()
+
+    timeout = "ALTER ROLE {role} SET idle_session_timeout = '1s'"
+    async with (
+        role(pg_dsn, store, ALL_TABLES, ALL_SEQUENCES, timeout) as dsn,
+        await PostgresStore.connect(dsn, prefix=store.prefix) as app,
+    ):
+        worker: Worker[None] = Worker(None, app)
+        worker.register(Ping, ping)
+        async with running(worker):
+            await asyncio.sleep(3.0)  # the scenario: a quiet queue, three timeouts long
+            assert worker.notifier is not None and worker.notifier.reconnects == 0
+            await Queue(store).enqueue(Ping(1))
+            await asyncio.wait_for(done.wait(), WAIT_TIMEOUT)

@@ -42,6 +42,16 @@ ORDER BY 1;
 -- Who the session is, and where its tables are: for the GRANT a missing privilege needs.
 SELECT quote_ident(current_user) AS role, quote_ident(current_schema()) AS schema;
 
+-- prefix_elsewhere --
+-- Schemas holding the prefix's record of migrations that this session does not see (off
+-- its search_path), with the search_path: for the error that says where they are.
+SELECT current_setting('search_path') AS search_path,
+       array(SELECT quote_ident(n.nspname) FROM pg_class AS c
+             JOIN pg_namespace AS n ON n.oid = c.relnamespace
+             WHERE c.relname = '{prefix}_migrations' AND c.relkind = 'r'
+               AND n.nspname <> ALL(current_schemas(false))
+             ORDER BY 1) AS schemas;
+
 -- migration_table_exists --
 -- Whether the record of applied migrations exists (migrate() only reads when up to date).
 SELECT to_regclass('{prefix}_migrations') IS NOT NULL;

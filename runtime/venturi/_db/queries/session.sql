@@ -4,6 +4,11 @@
 -- Liveness probe of a long-lived connection (the LISTEN one).
 SELECT 1;
 
+-- idle_session_timeout --
+-- The server's idle_session_timeout for this session, in seconds (0: none; no row before
+-- PostgreSQL 14): the LISTEN connection, idle between notifications, is probed within it.
+SELECT setting::float8 / 1000 AS seconds FROM pg_settings WHERE name = 'idle_session_timeout';
+
 -- savepoint --
 -- Inside the caller's transaction, a statement group that may fail (a deduplicated enqueue)
 -- runs under a savepoint, so its failure rolls back only what it did.
