@@ -99,8 +99,8 @@ WHERE c.oid = to_regclass('{prefix}_jobs');
 SELECT r.rolsuper
        OR pg_has_role(c.relowner, 'USAGE')
        OR pg_has_role(d.datdba, 'USAGE')
-       OR (current_setting('server_version_num')::int >= 170000
-           AND has_table_privilege(c.oid, 'MAINTAIN')) AS may
+       OR CASE WHEN current_setting('server_version_num')::int >= 170000  -- no MAINTAIN before
+               THEN has_table_privilege(c.oid, 'MAINTAIN') ELSE false END AS may
 FROM pg_class AS c, pg_roles AS r, pg_database AS d
 WHERE c.oid = to_regclass('{prefix}_jobs') AND r.rolname = current_user
   AND d.datname = current_database();
