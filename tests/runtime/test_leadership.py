@@ -242,7 +242,7 @@ async def remaining(pool: asyncpg.Pool, prefix: str) -> tuple[set[str], set[str]
 
 
 async def test_the_cleaner_deletes_what_retention_names_and_nothing_else(
-    queue: Queue, pool: asyncpg.Pool
+    queue: Queue, pool: asyncpg.Pool, caplog: pytest.LogCaptureFixture
 ) -> None:
     store = queue.store
     ids = await finished_jobs(queue, pool)
@@ -254,7 +254,10 @@ async def test_the_cleaner_deletes_what_retention_names_and_nothing_else(
     await RetentionCleaner(Retention()).run_once(store)  # the default keeps everything
     assert (await remaining(pool, store.prefix))[0] == set(uuids.values())
 
-    await RetentionCleaner(Retention(completed=timedelta(days=7), batch_size=1)).run_once(store)
+    with caplog.at_level(logging.INFO, logger="venturi.worker"):
+        await RetentionCleaner(Retention(completed=timedelta(days=7), batch_size=1)).run_once(store)
+    said = [r.getMessage() for r in caplog.records if r.getMessage().startswith("retention")]
+    assert said == ["retention: deleted 1 completed jobs finished more than 7 days ago"]
     jobs, journal = await remaining(pool, store.prefix)
     assert jobs == {uuids["new_done"], uuids["old_dead"], uuids["pending"]}
     assert uuids["old_done"] not in journal and uuids["old_dead"] in journal

@@ -7,6 +7,7 @@ service: the leader runs it."""
 from __future__ import annotations
 
 import logging
+from datetime import timedelta
 
 from venturi.backoff import to_seconds
 from venturi.jobs import CleanupCriteria, JobStatus
@@ -34,11 +35,27 @@ class RetentionCleaner:
             )
             if deleted:
                 logger.info(
-                    "retention: deleted %d %s jobs finished before %s", deleted, status, age
+                    "retention: deleted %d %s jobs finished more than %s ago",
+                    deleted,
+                    status,
+                    _span(age),
                 )
         if self._batch_age is not None:
             pruned = await store.batches.prune(now - self._batch_age, self._batch)
             if pruned:
                 logger.info(
-                    "retention: deleted %d batches finished before %s", pruned, self._batch_age
+                    "retention: deleted %d batches finished more than %s ago",
+                    pruned,
+                    _span(self._batch_age),
                 )
+
+
+def _span(age: timedelta) -> str:
+    """A retention age as it is configured ('7 days', '5 minutes', '90 seconds'), not as a
+    timedelta prints ('0:05:00' reads as a time of day)."""
+    seconds = age.total_seconds()
+    for unit, size in (("day", 86400), ("hour", 3600), ("minute", 60)):
+        if seconds >= size and seconds % size == 0:
+            n = int(seconds // size)
+            return f"{n} {unit}{'s' if n != 1 else ''}"
+    return f"{seconds:g} seconds"
