@@ -1310,9 +1310,10 @@ class PostgresStore:
             conn = await pool.acquire()
         try:
             conn.add_termination_listener(terminated)
+            # Read first: the LISTENs stay the session's last statements until a probe.
+            idle = await conn.fetchval(self._q["idle_session_timeout"].text)
             for channel in channels:
                 await conn.add_listener(channel, notified)
-            idle = await conn.fetchval(self._q["idle_session_timeout"].text)
             yield Listening(conn, self._q["connection_probe"].text, idle_timeout=idle or None)
         finally:
             # Close rather than UNLISTEN channel by channel: it cannot be interrupted
