@@ -24,6 +24,7 @@ import pwd
 import shutil
 import signal
 import socket
+import struct
 import subprocess
 import tempfile
 import time
@@ -77,6 +78,28 @@ def find_bindir() -> Path:
         "no PostgreSQL server binaries found (initdb, postgres): install them "
         "(Debian/Ubuntu: `apt-get install postgresql`) or set VENTURI_PG_BIN to their directory"
     )
+
+
+def _accepts_connections(port: int) -> bool:
+    """What `pg_isready` tells (some builds of the server binaries come without it): whether
+    the server answers a startup message, with anything but SQLSTATE 57P03 ("the database
+    system is starting up", or "not yet accepting connections": in recovery after a crash, it
+    listens long before it accepts them)."""
+    params = b"user\0postgres\0database\0postgres\0\0"
+    startup = struct.pack("!ii", 8 + len(params), 196608) + params  # protocol 3.0
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=2) as s:
+            s.sendall(startup)
+            answer = s.recv(1)
+            if answer != b"E":
+                return answer != b""  # an authentication request ('R'): it takes connections
+            # An ErrorResponse: its length, then fields of a type byte and a string each ('C'
+            # is the SQLSTATE).
+            length = struct.unpack("!i", s.recv(4, socket.MSG_WAITALL))[0]
+            message = s.makefile("rb").read(length - 4)
+    except (OSError, struct.error):
+        return False
+    return b"\0C57P03\0" not in b"\0" + message
 
 
 def _server_user() -> pwd.struct_passwd | None:
@@ -236,20 +259,8 @@ class EmbeddedPostgres:
                 text = (self._dir / "postgres.log").read_text(errors="replace")
                 self._proc = None
                 raise EmbeddedPostgresError(f"postgres exited at start:\n{text[-2000:]}")
-            ready = (
-                subprocess.run(
-                    [str(bindir / "pg_isready"), "-h", "127.0.0.1", "-p", str(self.port), "-q"],
-                    capture_output=True,
-                )
-                if (bindir / "pg_isready").exists()
-                else None
-            )
-            if ready is not None and ready.returncode == 0:
+            if _accepts_connections(self.port):
                 return
-            if ready is None:
-                with socket.socket() as s:
-                    if s.connect_ex(("127.0.0.1", self.port)) == 0:
-                        return
             time.sleep(0.05)
         self.stop()
         raise EmbeddedPostgresError(f"postgres did not accept connections in {START_TIMEOUT}s")

@@ -10,6 +10,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import asyncpg
+import pytest
 
 from venturi import Context, Outcome, PostgresStore, Queue, Stats, Worker
 from venturi._db import sql
@@ -66,7 +67,12 @@ async def minute_sums(store: PostgresStore) -> dict[tuple[datetime, str, str], t
     return {(r[0], r[1], r[2]): (r[3], r[4]) for r in rows}
 
 
-async def test_folds_under_concurrent_writers_keep_every_sum(store: PostgresStore) -> None:
+# Rounds: a fold that lost a row under a concurrent writer (PostgreSQL 18.1 did, when the fold
+# was one statement) shows in about half of them.
+@pytest.mark.parametrize("round_", range(8))
+async def test_folds_under_concurrent_writers_keep_every_sum(
+    store: PostgresStore, round_: int
+) -> None:
     queues = {name: Queue(store, queue=name) for name in ("a", "b")}
     await split_rows(store, "a", "mixed", "pending")
     stop = asyncio.Event()
@@ -311,3 +317,32 @@ def minute_scans(plan: dict[str, Any]) -> list[int]:
     for child in plan.get("Plans", []):
         found += minute_scans(child)
     return found
+
+
+async def test_migrating_recounts_counts_a_fold_got_wrong(pg_dsn: str, prefix: str) -> None:
+    async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
+        queries = sql.queries(prefix)
+        (recount_v,) = (m.version for m in sql.migrations(prefix) if m.name == "recount")
+        async with store._pool.acquire() as conn, conn.transaction():
+            await conn.execute(queries["migration_table_create"].text)
+            record = queries["migration_record"]
+            for migration in sql.migrations(prefix):
+                if migration.version < recount_v:
+                    await conn.execute(migration.sql)
+                    values = {"version": migration.version, "name": migration.name}
+                    await conn.execute(record.text, *record.args(values))
+        queue = Queue(store)
+        await queue.enqueue_many([Mixed("ok"), Other(), Mixed("ok")])
+        await queue.enqueue_in(Other(), timedelta(hours=1))
+        truth = await direct_counts_by_queue(queue)
+        # What the one-statement fold left on PostgreSQL 18: a row summed into its group's
+        # kept row and not deleted (counted twice), and a group without the row it summed.
+        await store._pool.execute(
+            f"INSERT INTO {prefix}_counts (queue, kind, status, shard, n) "
+            "VALUES ('default', 'mixed', 'pending', 7, 2), ('default', 'other', 'pending', 7, -1)"
+        )
+        assert await kept_counts_by_queue(queue) != truth
+        assert await store.migrate() == [recount_v]
+        assert await kept_counts_by_queue(queue) == truth
+        await assert_marks_bound_the_pending_jobs(queue)
+        assert (await queue.stats()).queues["default"].scheduled_by_kind == {"other": 1}

@@ -34,7 +34,12 @@ from venturi import (
 )
 from venturi._completer import Completer
 from venturi._db import sql
-from venturi._db.failures import breaks_connection, is_database_failure, is_refused_data
+from venturi._db.failures import (
+    breaks_connection,
+    describe,
+    is_database_failure,
+    is_refused_data,
+)
 from venturi._executor import Policy, _unrecordable
 from venturi._outage import Outage
 from venturi._records import Settlement
@@ -109,6 +114,15 @@ def test_only_statement_errors_leave_a_connection_reusable() -> None:
     assert is_refused_data(asyncpg.CharacterNotInRepertoireError("0x00"))
     assert not is_refused_data(asyncpg.UndefinedTableError("no table"))
     assert not is_refused_data(asyncpg.AdminShutdownError("shutdown"))
+
+
+def test_asyncpgs_protocol_state_errors_are_said_to_be_a_lost_connection() -> None:
+    # What an outage log showed for a connection that died while idle (audit A).
+    said = describe(asyncpg.InternalClientError("cannot switch to state 12"))
+    assert said == (
+        "InternalClientError: cannot switch to state 12 (the connection was lost mid-exchange)"
+    )
+    assert describe(asyncpg.DataError("bad\nmore")) == "DataError: bad"
 
 
 async def test_a_connection_that_failed_mid_statement_is_not_reused(pg_dsn: str) -> None:

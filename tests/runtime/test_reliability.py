@@ -734,7 +734,9 @@ class Gate:
 
 async def test_concurrency_bounds_jobs_running_and_claimed(queue: Queue) -> None:
     gate = Gate()
-    worker = Worker(None, queue.store, concurrency=3)
+    # Without claiming ahead: these handlers end as soon as the test sees them run, often
+    # sooner than a claim's round trip on a slow server, which would make the worker prefetch.
+    worker = Worker(None, queue.store, concurrency=3, prefetch=False)
     worker.register(Block, gate.handle)
     ids = await queue.enqueue_many(Block(n=i) for i in range(10))
     kind = Block.KIND
