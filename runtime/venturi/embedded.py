@@ -95,8 +95,9 @@ def _accepts_connections(port: int) -> bool:
                 return answer != b""  # an authentication request ('R'): it takes connections
             # An ErrorResponse: its length, then fields of a type byte and a string each ('C'
             # is the SQLSTATE).
-            length = struct.unpack("!i", s.recv(4, socket.MSG_WAITALL))[0]
-            message = s.makefile("rb").read(length - 4)
+            with s.makefile("rb") as reply:
+                (length,) = struct.unpack("!i", reply.read(4))
+                message = reply.read(length - 4)
     except (OSError, struct.error):
         return False
     return b"\0C57P03\0" not in b"\0" + message

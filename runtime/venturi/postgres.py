@@ -1488,19 +1488,11 @@ class PostgresStore:
         minutes from `minutes_since` on; None: all kept) into one row per group, skipping rows
         a writer holds (see queries/counts.sql), then sum the last hour's ended minutes for
         stats() (migration 0016); returns how many rows were folded away.
-        The leader runs it (`venturi._maintenance.folder`); each fold is its own short
+        The leader runs it (`venturi._maintenance.folder`); each statement is its own short
         transaction, and no sum anyone reads changes."""
-        q = self._q
-        # Each: lock the rows to fold, then fold them in a statement that sees them as locked.
-        async with self._run.transaction() as tx:
-            held = await tx.fetchrow(q["counts_fold_lock"])
-            assert held is not None  # an aggregate: always one row
-            folded: int = await tx.fetchval(q["counts_fold"], **dict(held.items()))
-        async with self._run.transaction() as tx:
-            held = await tx.fetchrow(q["minute_counts_fold_lock"], since=minutes_since)
-            assert held is not None
-            minutes: int = await tx.fetchval(q["minute_counts_fold"], **dict(held.items()))
-        await self._run.fetchval(q["hour_counts_refresh"])
+        folded: int = await self._run.fetchval(self._q["counts_fold"])
+        minutes: int = await self._run.fetchval(self._q["minute_counts_fold"], since=minutes_since)
+        await self._run.fetchval(self._q["hour_counts_refresh"])
         return folded + minutes
 
     @_schema_required

@@ -319,10 +319,14 @@ def minute_scans(plan: dict[str, Any]) -> list[int]:
     return found
 
 
-async def test_migrating_recounts_counts_a_fold_got_wrong(pg_dsn: str, prefix: str) -> None:
+async def test_migrating_recounts_counts_a_fold_got_wrong_on_postgresql_18(
+    pg_dsn: str, prefix: str
+) -> None:
     async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
         queries = sql.queries(prefix)
-        (recount_v,) = (m.version for m in sql.migrations(prefix) if m.name == "recount")
+        (recount_v,) = (
+            m.version for m in sql.migrations(prefix) if m.name == "fold_functions_and_recount"
+        )
         async with store._pool.acquire() as conn, conn.transaction():
             await conn.execute(queries["migration_table_create"].text)
             record = queries["migration_record"]
@@ -341,8 +345,15 @@ async def test_migrating_recounts_counts_a_fold_got_wrong(pg_dsn: str, prefix: s
             f"INSERT INTO {prefix}_counts (queue, kind, status, shard, n) "
             "VALUES ('default', 'mixed', 'pending', 7, 2), ('default', 'other', 'pending', 7, -1)"
         )
-        assert await kept_counts_by_queue(queue) != truth
+        drifted = await kept_counts_by_queue(queue)
+        assert drifted != truth
         assert await store.migrate() == [recount_v]
-        assert await kept_counts_by_queue(queue) == truth
-        await assert_marks_bound_the_pending_jobs(queue)
+        version = int(await store._pool.fetchval("SHOW server_version_num"))
+        if version >= 180000:  # where a fold could drift: recounted
+            assert await kept_counts_by_queue(queue) == truth
+            await assert_marks_bound_the_pending_jobs(queue)
+        else:  # never drifted there: the jobs table is not scanned under a lock
+            assert await kept_counts_by_queue(queue) == drifted
         assert (await queue.stats()).queues["default"].scheduled_by_kind == {"other": 1}
+        # The fold now runs in the functions the migration made.
+        assert await store.fold_counts() >= 0

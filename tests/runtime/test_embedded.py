@@ -5,6 +5,7 @@ connections" (some builds of the server binaries have no `pg_isready` to tell)."
 from __future__ import annotations
 
 import os
+import shutil
 import socket
 import struct
 import tempfile
@@ -40,6 +41,7 @@ def _answering(first: bytes) -> Iterator[int]:
     try:
         yield port
     finally:
+        server.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close() alone does not)
         server.close()
         thread.join(5)
     assert seen and seen[0].startswith(struct.pack("!i", 196608)), "a protocol 3.0 startup"
@@ -84,7 +86,7 @@ def test_nothing_listening_is_not_ready() -> None:
 
 @pytest.mark.slow
 async def test_after_a_crash_launch_returns_once_connections_are_accepted(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest
 ) -> None:
     # Server binaries without pg_isready, as some distributions of them ship.
     bare = Path(tempfile.mkdtemp(prefix="venturi-bare-bin-"))
@@ -92,6 +94,7 @@ async def test_after_a_crash_launch_returns_once_connections_are_accepted(
     for name in ("initdb", "postgres", "pg_ctl"):
         (bare / name).symlink_to(find_bindir() / name)
     monkeypatch.setenv("VENTURI_PG_BIN", str(bare))
+    request.addfinalizer(lambda: shutil.rmtree(bare))
     with EmbeddedPostgres() as pg:
         conn = await asyncpg.connect(pg.dsn)
         # WAL to replay at the next start (written out at commit: the server's settings

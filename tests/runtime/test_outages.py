@@ -123,6 +123,10 @@ def test_asyncpgs_protocol_state_errors_are_said_to_be_a_lost_connection() -> No
         "InternalClientError: cannot switch to state 12 (the connection was lost mid-exchange)"
     )
     assert describe(asyncpg.DataError("bad\nmore")) == "DataError: bad"
+    # Other client errors of asyncpg's say what they are.
+    assert describe(asyncpg.OutdatedSchemaCacheError("cached plan")) == (
+        "OutdatedSchemaCacheError: cached plan"
+    )
 
 
 async def test_a_connection_that_failed_mid_statement_is_not_reused(pg_dsn: str) -> None:

@@ -732,11 +732,13 @@ class Gate:
         self.gates[kind].release()
 
 
-async def test_concurrency_bounds_jobs_running_and_claimed(queue: Queue) -> None:
+@pytest.mark.parametrize("prefetch", [False, True])
+async def test_concurrency_bounds_jobs_running_and_claimed(queue: Queue, prefetch: bool) -> None:
     gate = Gate()
-    # Without claiming ahead: these handlers end as soon as the test sees them run, often
-    # sooner than a claim's round trip on a slow server, which would make the worker prefetch.
-    worker = Worker(None, queue.store, concurrency=3, prefetch=False)
+    # These handlers end as soon as the test sees them run, often sooner than a claim's round
+    # trip on a slow server: then a worker that may prefetch claims ahead, and only the jobs
+    # running are bounded; without prefetch, the jobs claimed are too.
+    worker = Worker(None, queue.store, concurrency=3, prefetch=prefetch)
     worker.register(Block, gate.handle)
     ids = await queue.enqueue_many(Block(n=i) for i in range(10))
     kind = Block.KIND
@@ -747,10 +749,12 @@ async def test_concurrency_bounds_jobs_running_and_claimed(queue: Queue) -> None
 
             async def settled_state(done: int = done, busy: int = busy) -> bool:
                 stats = await queue.stats()
-                return (
-                    gate.started[kind] == done + busy
-                    and stats.claimed_by_kind.get(kind, 0) == busy
-                    and stats.pending_by_kind.get(kind, 0) == 10 - done - busy
+                claimed = stats.claimed_by_kind.get(kind, 0)
+                pending = stats.pending_by_kind.get(kind, 0)
+                return gate.started[kind] == done + busy and (
+                    claimed + pending == 10 - done
+                    if prefetch
+                    else claimed == busy and pending == 10 - done - busy
                 )
 
             await until(settled_state)

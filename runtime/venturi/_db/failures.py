@@ -93,9 +93,9 @@ def describe(exc: BaseException) -> str:
     """One line naming the failure: type and message, without a traceback."""
     text = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
     said = f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-    if isinstance(exc, asyncpg.InternalClientError):
-        # asyncpg's protocol state when a connection dies between two messages (e.g.
-        # "cannot switch to state 12"): it reads like a bug of ours; say what it is.
+    if isinstance(exc, asyncpg.InternalClientError) and text.startswith("cannot switch to state"):
+        # asyncpg's protocol state when a connection dies between two messages: it reads
+        # like a bug of ours; say what it is.
         said += " (the connection was lost mid-exchange)"
     return said
 
