@@ -18,14 +18,21 @@ Called by the worker's executor; calls `PostgresStore.settle`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Iterator
 
 from venturi import logs
-from venturi._db.failures import describe, is_database_failure, is_refused_data
+from venturi._db.failures import (
+    describe,
+    is_database_failure,
+    is_encoding_refusal,
+    is_refused_data,
+)
 from venturi._outage import Outage, next_delay
 from venturi._records import Settlement
+from venturi._storable import ascii_text
 from venturi.postgres import DEFAULT_HOOK_LEASE_S, PostgresStore
 
 logger = logging.getLogger(__name__)
@@ -172,6 +179,26 @@ class Completer:
         self._report(batch, owned)
 
     async def _write_instead(self, bad: Settlement, refused: _Refused) -> None:
+        if is_encoding_refusal(refused.cause) and bad.note is not None and not bad.note.isascii():
+            # A database of another encoding than UTF8 (LATIN1, say) cannot hold a character
+            # of the note: the outcome stands, its note is written in ASCII escapes. (JSON data,
+            # a result, carry or attachment, is stored exactly or refused, as below.)
+            escaped = dataclasses.replace(bad, note=ascii_text(bad.note))
+            try:
+                owned = await self._settle([escaped])
+            except _Refused as again:
+                refused = again
+            else:
+                if owned is not None:
+                    logger.warning(
+                        "job %s (%s): the database's encoding cannot hold a character of its "
+                        "note; written with backslash escapes",
+                        logs.ShownId(bad.id),
+                        bad.kind,
+                        extra=logs.job_fields(bad.id, bad.kind, bad.queue, bad.run),
+                    )
+                    self._report([escaped], owned)
+                return
         reason = str(refused)
         logger.error(
             "job %s (%s): the database refused its %s outcome (%s); recording a failed "

@@ -36,6 +36,12 @@ def safe_text(text: str) -> str:
     return text
 
 
+def ascii_text(text: str) -> str:
+    """`text` with every character outside ASCII written as its backslash escape (`\\u20ac`):
+    storable in a database of any encoding."""
+    return text.encode("ascii", "backslashreplace").decode("ascii")
+
+
 def json_problem(encoded: bytes, value: Any) -> str | None:
     """Why `encoded` (msgspec's JSON of `value`) would not store `value` faithfully, or None.
 

@@ -80,8 +80,33 @@ class UsageError(Exception):
     """A bad command line: printed as one line, exit status 2."""
 
 
+_DURATION_OPTIONS = ("--for", "--older-than", "--max-time", "--lock-timeout")
+"""Options whose value is a duration: `--for -1h` reaches their check (argparse alone takes
+`-1h` for an option, and says only "expected one argument")."""
+
+
+def _negative_values_attached(argv: Sequence[str]) -> list[str]:
+    """`argv` with `--for -1h` written `--for=-1h`, for the duration options."""
+    out: list[str] = []
+    args = iter(argv)
+    for arg in args:
+        if arg in _DURATION_OPTIONS:
+            value = next(args, None)
+            if value is not None and re.match(r"-[\d.]", value):
+                out.append(f"{arg}={value}")
+                continue
+            out.append(arg)
+            if value is not None:
+                out.append(value)
+            continue
+        out.append(arg)
+    return out
+
+
 def parse_duration(text: str) -> timedelta:
     """'90s', '15m', '12h', '7d', '2w' -> timedelta."""
+    if text.strip().startswith("-"):
+        raise argparse.ArgumentTypeError(f"a duration cannot be negative, got {text!r}")
     match = _DURATION.fullmatch(text.strip())
     if not match:
         raise argparse.ArgumentTypeError(
@@ -1048,7 +1073,7 @@ def _table(rows: Sequence[tuple[str, ...]]) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(_negative_values_attached(sys.argv[1:] if argv is None else argv))
     # Parsers and servers quote what they failed on: never a piece of the password.
     secrets = secret_pieces(args.dsn, os.environ.get("PGPASSWORD"))
     level = args.log_level or ("info" if args.command == "worker" else "warning")

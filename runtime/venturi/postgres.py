@@ -559,6 +559,16 @@ class PostgresStore:
                 ", ".join(elsewhere[1]),
                 elsewhere[0],
             )
+        encoding = await self._run.fetchval(q["server_encoding"])
+        if encoding not in ("UTF8", "SQL_ASCII"):
+            logger.warning(
+                "migrate: this database's encoding is %s, not UTF8: a payload, key, queue "
+                "name or result holding a character %s has none for is refused (a note or "
+                "an error message is written with backslash escapes instead); create the "
+                "database with ENCODING 'UTF8' to store any text",
+                encoding,
+                encoding,
+            )
         async with self._run.transaction() as tx:
             await tx.execute(q["lock_migrations"], key=_lock_key(self._prefix))
             await tx.execute(q["migration_table_create"])

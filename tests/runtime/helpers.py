@@ -7,9 +7,11 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
+import asyncpg
 from ulid import ULID
 
 from venturi import JobStatus, PostgresStore, Queue, Worker
+from venturi._db import sql
 from venturi._records import ClaimedJob
 
 WAIT_TIMEOUT = 30.0
@@ -113,6 +115,27 @@ async def claim(
 
 def all_migrations() -> list[int]:
     """Every migration version this release ships (what migrate() applies to a new prefix)."""
-    from venturi._db import sql
-
     return [m.version for m in sql.migrations("x")]
+
+
+async def migrate_before(
+    conn: asyncpg.Connection | asyncpg.pool.PoolConnectionProxy[Any], prefix: str, name: str
+) -> int:
+    """Make `prefix`'s schema what the release before migration `name` left: every earlier
+    migration applied and recorded, on `conn` (so in its transaction, if it has one).
+    Returns `name`'s version; `store.migrate()` then applies it and those after it."""
+    (version,) = (m.version for m in sql.migrations(prefix) if m.name == name)
+    queries = sql.queries(prefix)
+    await conn.execute(queries["migration_table_create"].text)
+    record = queries["migration_record"]
+    for migration in sql.migrations(prefix):
+        if migration.version < version:
+            await conn.execute(migration.sql)
+            values = {"version": migration.version, "name": migration.name}
+            await conn.execute(record.text, *record.args(values))
+    return version
+
+
+def migrations_from(version: int) -> list[int]:
+    """The versions `migrate()` applies to a schema migrated up to just before `version`."""
+    return [v for v in all_migrations() if v >= version]

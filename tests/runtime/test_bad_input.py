@@ -32,13 +32,12 @@ from venturi import (
     TaskError,
     Worker,
 )
-from venturi._db import sql
 from venturi.backoff import MAX_DELAY
 from venturi.context import ATTACHMENT_MAX_BYTES, Cancellation
 from venturi.merge import DEDUP_KEY_MAX_BYTES
 from venturi.outcome import failure_note
 
-from .helpers import all_migrations, running, until_status
+from .helpers import all_migrations, migrate_before, running, until_status
 
 
 @dataclass
@@ -628,12 +627,7 @@ async def test_migrating_brings_stored_policies_within_bounds(pg_dsn: str, prefi
     async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
         async with store._pool.acquire() as conn, conn.transaction():
             # The schema as the previous release left it (migrations 1 and 2) ...
-            await conn.execute(sql.queries(prefix)["migration_table_create"].text)
-            record = sql.queries(prefix)["migration_record"]
-            for migration in sql.migrations(prefix)[:2]:
-                await conn.execute(migration.sql)
-                values = {"version": migration.version, "name": migration.name}
-                await conn.execute(record.text, *record.args(values))
+            await migrate_before(conn, prefix, "queue_dedup_and_policy_bounds")
             # ... with the rows that release let through.
             rows = {
                 "inf-lease": (math.inf, None, None),

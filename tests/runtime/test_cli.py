@@ -176,6 +176,13 @@ def test_bad_arguments_are_one_line(pg_dsn: str) -> None:
     run = venturi("queue", "pause", "default", "--for", "0s", dsn=pg_dsn)
     assert run.returncode == 2
     assert "argument --for: expected a duration longer than 0, got '0s'" in run.stderr
+    # A negative duration reaches the check (argparse alone would take it for an option).
+    for command in (["queue", "pause", "default", "--for"], ["cleanup", "--older-than"]):
+        run = venturi(*command, "-1h", dsn=pg_dsn)
+        assert run.returncode == 2
+        assert f"argument {command[-1]}: a duration cannot be negative, got '-1h'" in run.stderr
+    run = venturi("queue", "pause", "default", "--for", "--reason", dsn=pg_dsn)
+    assert run.returncode == 2 and "argument --for: expected one argument" in run.stderr
 
 
 def test_an_unmigrated_prefix_is_one_line(pg_dsn: str, prefix: str) -> None:

@@ -16,7 +16,7 @@ from venturi import Context, Outcome, PostgresStore, Queue, Stats, Worker
 from venturi._db import sql
 from venturi._records import Settlement
 
-from .helpers import running, until
+from .helpers import migrate_before, migrations_from, running, until
 from .test_stats import (
     Mixed,
     Other,
@@ -162,7 +162,7 @@ async def test_a_fold_skips_the_rows_a_writer_holds_and_does_not_wait(
     assert await kept_counts_by_queue(queue) == await direct_counts_by_queue(queue)
 
 
-async def test_a_fold_folds_ended_minutes_and_leaves_the_current_one(
+async def test_a_fold_folds_every_minute_the_current_one_too(
     store: PostgresStore,
 ) -> None:
     queue = Queue(store, queue="a")
@@ -180,16 +180,14 @@ async def test_a_fold_folds_ended_minutes_and_leaves_the_current_one(
     per_minute = await queue.finished_per_minute()
     stats = await queue.stats()
 
-    assert await store.fold_counts() == 70 * 2 * 3
+    assert await store.fold_counts() == 71 * 2 * 3
     assert await minute_sums(store) == sums
     assert await queue.finished_per_minute() == per_minute
     assert (await queue.stats()).done_last_hour == stats.done_last_hour > 0
     rows = await store._pool.fetch(
         f"SELECT minute, count(*) AS n FROM {store.prefix}_minute_counts GROUP BY 1"
     )
-    assert {r["minute"]: r["n"] for r in rows} == {
-        now - timedelta(minutes=m): (8 if m == 0 else 2) for m in range(71)
-    }
+    assert {r["minute"]: r["n"] for r in rows} == {now - timedelta(minutes=m): 2 for m in range(71)}
     # `since` limits a fold to the minutes from then on.
     await store._pool.execute(
         f"INSERT INTO {store.prefix}_minute_counts (minute, queue, kind, slot, done, failed) "
@@ -323,18 +321,8 @@ async def test_migrating_recounts_counts_a_fold_got_wrong_on_postgresql_18(
     pg_dsn: str, prefix: str
 ) -> None:
     async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
-        queries = sql.queries(prefix)
-        (recount_v,) = (
-            m.version for m in sql.migrations(prefix) if m.name == "fold_functions_and_recount"
-        )
         async with store._pool.acquire() as conn, conn.transaction():
-            await conn.execute(queries["migration_table_create"].text)
-            record = queries["migration_record"]
-            for migration in sql.migrations(prefix):
-                if migration.version < recount_v:
-                    await conn.execute(migration.sql)
-                    values = {"version": migration.version, "name": migration.name}
-                    await conn.execute(record.text, *record.args(values))
+            recount_v = await migrate_before(conn, prefix, "fold_functions_and_recount")
         queue = Queue(store)
         await queue.enqueue_many([Mixed("ok"), Other(), Mixed("ok")])
         await queue.enqueue_in(Other(), timedelta(hours=1))
@@ -347,7 +335,7 @@ async def test_migrating_recounts_counts_a_fold_got_wrong_on_postgresql_18(
         )
         drifted = await kept_counts_by_queue(queue)
         assert drifted != truth
-        assert await store.migrate() == [recount_v]
+        assert await store.migrate() == migrations_from(recount_v)
         version = int(await store._pool.fetchval("SHOW server_version_num"))
         if version >= 180000:  # where a fold could drift: recounted
             assert await kept_counts_by_queue(queue) == truth

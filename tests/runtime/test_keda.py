@@ -8,6 +8,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+import asyncpg
+import pytest
 import yaml
 
 from venturi import PostgresStore, Queue, Task
@@ -69,6 +71,16 @@ async def test_backlog_counts_what_the_operator_counts(store: PostgresStore) -> 
     # Capped, per part and in sum: a huge backlog is a bounded read.
     assert await backlog(store, "SELECT venturi_backlog(cap => 4)") == 4
     assert await backlog(store, "SELECT venturi_backlog('default', cap => 7)") == 7
+    assert await backlog(store, "SELECT venturi_backlog(cap => 0)") == 0
+    assert await backlog(store, "SELECT venturi_backlog(cap => NULL)") == 11  # no cap
+
+
+async def test_a_negative_cap_is_named(store: PostgresStore) -> None:
+    with pytest.raises(asyncpg.InvalidParameterValueError) as raised:
+        await backlog(store, "SELECT venturi_backlog(cap => -5)")
+    assert str(raised.value) == (
+        f"{store.prefix}_backlog: cap must be 0 or more (or NULL for no cap), got -5"
+    )
 
 
 async def test_the_example_scaledobject_query_runs(store: PostgresStore) -> None:

@@ -24,7 +24,7 @@ from venturi._db import sql
 from venturi._records import ClaimedJob, Recovery, SettledAs, Settlement, StaleJob
 from venturi._stats import stats_from_rows
 
-from .helpers import running, until
+from .helpers import migrate_before, migrations_from, running, until
 
 
 @dataclass
@@ -216,17 +216,9 @@ async def test_stats_by_queue_follow_every_job_and_total_over_queues(store: Post
 
 async def test_migrating_counts_the_jobs_already_there_by_queue(pg_dsn: str, prefix: str) -> None:
     async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
-        queries = sql.queries(prefix)
-        (counts_v,) = (m.version for m in sql.migrations(prefix) if m.name == "counts_by_queue")
-        before = [m for m in sql.migrations(prefix) if m.version < counts_v]
         async with store._pool.acquire() as conn, conn.transaction():
             # The schema as the previous release left it, with jobs in three queues ...
-            await conn.execute(queries["migration_table_create"].text)
-            record = queries["migration_record"]
-            for migration in before:
-                await conn.execute(migration.sql)
-                values = {"version": migration.version, "name": migration.name}
-                await conn.execute(record.text, *record.args(values))
+            counts_v = await migrate_before(conn, prefix, "counts_by_queue")
             await conn.execute(
                 f"INSERT INTO {prefix}_jobs (id, kind, queue, status, payload) "
                 "SELECT gen_random_uuid(), k, q, s, '{}' FROM unnest($1::text[], $2::text[], "
@@ -236,7 +228,7 @@ async def test_migrating_counts_the_jobs_already_there_by_queue(pg_dsn: str, pre
                 ["pending", "pending", "dead", "claimed", "completed"],
             )
         applied = await store.migrate()
-        assert applied == [m.version for m in sql.migrations(prefix) if m.version >= counts_v]
+        assert applied == migrations_from(counts_v)
         queue = Queue(store)
         assert await kept_counts_by_queue(queue) == {
             ("high", "a", "pending"): 3,
@@ -448,16 +440,8 @@ async def test_stats_counts_scheduled_jobs_only_where_one_was_written_for_the_fu
 
 async def test_migrating_marks_the_jobs_already_pending(pg_dsn: str, prefix: str) -> None:
     async with await PostgresStore.connect(pg_dsn, prefix=prefix) as store:
-        queries = sql.queries(prefix)
-        (mark_v,) = (m.version for m in sql.migrations(prefix) if m.name == "scheduled_high_water")
         async with store._pool.acquire() as conn, conn.transaction():
-            await conn.execute(queries["migration_table_create"].text)
-            record = queries["migration_record"]
-            for migration in sql.migrations(prefix):
-                if migration.version < mark_v:
-                    await conn.execute(migration.sql)
-                    values = {"version": migration.version, "name": migration.name}
-                    await conn.execute(record.text, *record.args(values))
+            await migrate_before(conn, prefix, "scheduled_high_water")
             # Jobs of the previous release: due, scheduled, and finished.
             await conn.execute(
                 f"INSERT INTO {prefix}_jobs (id, kind, queue, status, payload, run_at) "

@@ -76,6 +76,16 @@ def is_refused_data(exc: BaseException) -> bool:
     return isinstance(exc, asyncpg.PostgresError) and _sqlstate(exc).startswith(_DATA_CLASSES)
 
 
+_ENCODING_STATES = ("22P05", "22021")
+"""Untranslatable character, character not in repertoire: text the database's encoding
+(LATIN1, say) cannot hold."""
+
+
+def is_encoding_refusal(exc: BaseException) -> bool:
+    """True if the server refused text that its encoding has no character for."""
+    return isinstance(exc, asyncpg.PostgresError) and _sqlstate(exc) in _ENCODING_STATES
+
+
 _CONFIGURATION_CLASSES = ("28", "3D", "42")
 """Invalid authorization, invalid catalog (no such database), access and syntax: a
 deployment's mistake that no retry mends."""

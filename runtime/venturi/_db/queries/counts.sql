@@ -17,7 +17,8 @@
 SELECT {prefix}_fold_live_counts() AS folded;
 
 -- minute_counts_fold --
--- The same for the per-minute counts of ended minutes from :since on (NULL: all kept).
+-- The same for the per-minute counts of the minutes from :since on (NULL: all kept), the
+-- current one too (migration 26).
 SELECT {prefix}_fold_minute_counts(:since::timestamptz) AS folded;
 
 -- hour_counts_refresh --

@@ -72,3 +72,8 @@ WHERE a.pid <> pg_backend_pid() AND a.pid IN (
         SELECT to_regclass(t) FROM unnest(:tables::text[]) AS t WHERE to_regclass(t) IS NOT NULL))
 ORDER BY a.xact_start NULLS LAST
 LIMIT 5;
+
+-- server_encoding --
+-- The database's encoding: anything but UTF8 (or SQL_ASCII, which stores bytes as given)
+-- refuses text with characters it has none for, which migrate() says once.
+SELECT current_setting('server_encoding') AS encoding;
