@@ -388,14 +388,16 @@ class Producer:
         if not self._unsure:
             return
         try:
-            await self._reconcile("claimed as the worker stopped; handed back unrun")
+            # Bounded too: behind a table lock it would wait as long as the lock is held.
+            async with asyncio.timeout(CLAIM_STOP_WAIT):
+                await self._reconcile("claimed as the worker stopped; handed back unrun")
         except Exception as exc:
             if not is_database_failure(exc):
                 raise
             logger.warning(
-                "shutdown: could not hand back a claim in flight (%s); its jobs come back "
-                "after their leases",
-                describe(exc),
+                "shutdown: could not check for a claim in flight (%s); if it committed, its "
+                "jobs come back after their leases",
+                describe(exc) if not isinstance(exc, TimeoutError) else "no answer in time",
             )
 
     async def _reconcile(

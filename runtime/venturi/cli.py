@@ -36,16 +36,18 @@ import os
 import re
 import signal
 import sys
+import time
 import traceback
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import asyncpg
 from ulid import ULID
 
 from venturi import _loops, logs
+from venturi._db.failures import describe, is_database_failure, next_delay, waiting_cannot_mend
 from venturi._dsn import secret_pieces
 from venturi._outage import REFUSALS
 from venturi._settings import check_kind, check_queue_name
@@ -74,6 +76,8 @@ _DURATION = re.compile(r"(?P<n>\d+(?:\.\d+)?)(?P<unit>s|m|h|d|w)")
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 604800}
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 class UsageError(Exception):
@@ -430,9 +434,17 @@ async def _run(args: argparse.Namespace) -> int:
         return 0
     if args.dsn is None and not os.environ.get("PGHOST"):
         raise UsageError("no database given: pass --dsn or set VENTURI_DSN")
-    async with await PostgresStore.connect(
-        args.dsn, prefix=args.prefix, pooler=args.pooler, listen_dsn=args.listen_dsn
-    ) as store:
+
+    def connect() -> Awaitable[PostgresStore]:
+        return PostgresStore.connect(
+            args.dsn, prefix=args.prefix, pooler=args.pooler, listen_dsn=args.listen_dsn
+        )
+
+    # A worker waits for its database (started before it, or during a failover: exiting would
+    # only get it restarted, later and later); the other commands report and exit.
+    waiting = _Waiting() if args.command == "worker" else None
+    store = await (waiting.run("connecting", connect) if waiting else connect())
+    async with store:
         queue = Queue(store)
         if args.command == "migrate":
             applied = await store.migrate(lock_timeout=args.lock_timeout.total_seconds())
@@ -442,7 +454,8 @@ async def _run(args: argparse.Namespace) -> int:
                 f"applied migrations {applied}" if applied else "schema is up to date",
             )
         elif args.command == "worker":
-            await _worker(args, store)
+            assert waiting is not None
+            await _worker(args, store, waiting)
         elif args.command == "rekey":
             ring = KeyRing.from_env(args.keys_env)
             n = await Queue(store, codec=SealedCodec(ring)).rekey()
@@ -729,7 +742,42 @@ def _queues_text(states: list[QueueState]) -> str:
     return _table(rows)
 
 
-async def _worker(args: argparse.Namespace, store: PostgresStore) -> None:
+class _Waiting:
+    """Runs a start-up step of `venturi worker` until the database answers: a database that
+    is unreachable (down, restarting, out of connections, a name not resolving yet) is
+    waited for, logged once when the wait begins and once when it ends; an error waiting
+    cannot mend (credentials, a missing database or schema, a bug) raises at once."""
+
+    def __init__(self) -> None:
+        self._since: float | None = None
+
+    async def run(self, step: str, attempt: Callable[[], Awaitable[_T]]) -> _T:
+        delay = 0.0
+        while True:
+            try:
+                result = await attempt()
+            except Exception as exc:
+                if not is_database_failure(exc) or waiting_cannot_mend(exc):
+                    raise
+                if self._since is None:
+                    self._since = time.monotonic()
+                    logger.warning(
+                        "worker: the database is unavailable (%s: %s); waiting for it",
+                        step,
+                        describe(exc),
+                    )
+                delay = next_delay(delay)
+                await asyncio.sleep(delay)
+                continue
+            if self._since is not None:
+                logger.warning(
+                    "worker: the database is back after %.1fs", time.monotonic() - self._since
+                )
+                self._since = None
+            return result
+
+
+async def _worker(args: argparse.Namespace, store: PostgresStore, waiting: _Waiting) -> None:
     module_name, _, attr = args.factory.partition(":")
     if not module_name or not attr:
         raise UsageError(f"worker: expected MODULE:FUNCTION, got {args.factory!r}")
@@ -769,8 +817,12 @@ async def _worker(args: argparse.Namespace, store: PostgresStore) -> None:
             raise UsageError(f"worker: --queue names a queue twice: {args.queue!r}")
     if args.unknown_kinds is not None:
         built.unknown_kinds = args.unknown_kinds
-    await store.check_privileges()  # before saying "serving" (run() checks again)
-    await store.check_schema()
+
+    async def check() -> None:
+        await store.check_privileges()
+        await store.check_schema()
+
+    await waiting.run("starting", check)  # before saying "serving" (run() checks again)
     shutdown = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

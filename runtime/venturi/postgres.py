@@ -42,7 +42,7 @@ from venturi._db.failures import (
 )
 from venturi._db.leadership import Leadership
 from venturi._db.registry import Registry
-from venturi._db.run import CallersConnection, Pooled, Runner, detached, release
+from venturi._db.run import CallersConnection, Pooled, Runner, detached, discard_if_broken, release
 from venturi._db.run import Connection as Connection  # the caller's: see `using`
 from venturi._records import (
     ClaimedJob,
@@ -805,9 +805,8 @@ class PostgresStore:
                 # (the pool opens a fresh one when needed). The caller sees the error, as
                 # with any failed enqueue; nothing is retried behind its back.
                 held, self._held = self._held, None
-                if not detached(held):  # the pool may have taken it back already
-                    held.terminate()
-                await release(pool, held)
+                if not discard_if_broken(pool, held, exc):
+                    await release(pool, held)
                 raise
 
     @property

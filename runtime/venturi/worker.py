@@ -31,7 +31,7 @@ from typing import Any, Generic, TypeVar
 
 from venturi import logs
 from venturi._completer import Completer
-from venturi._db.failures import is_configuration_error, is_database_failure
+from venturi._db.failures import is_database_failure, waiting_cannot_mend
 from venturi._db.registry import WorkerRow
 from venturi._executor import Policy, Registration
 from venturi._hooks import hook_set
@@ -554,7 +554,7 @@ class Worker(Generic[AppT]):
                 await self.store.check_schema()
                 break
             except Exception as exc:
-                if not is_database_failure(exc) or is_configuration_error(exc):
+                if not is_database_failure(exc) or waiting_cannot_mend(exc):
                     raise
                 self._outage.failed("starting", exc)
                 delay = next_delay(delay)

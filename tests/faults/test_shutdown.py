@@ -9,12 +9,14 @@ import asyncio
 import signal
 import time
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from pathlib import Path
 
 import asyncpg
 import pytest
 
-from venturi import PostgresStore, Queue, Worker
+from tests.runtime.helpers import running, until
+from venturi import JobStatus, PostgresStore, Queue, Worker
 
 from .harness import FIGURES, HeldRuns, fleet, read_runs, wait_until
 from .worker import Checkpoint, Stubborn, Swallower, Work
@@ -113,3 +115,42 @@ async def test_a_shutdown_behind_a_table_lock_ends_within_its_budget(
         await locker.close()
     rows = await store._pool_or_raise().fetch(f"SELECT status FROM {store.prefix}_jobs")
     assert [r["status"] for r in rows] == ["claimed", "claimed"]  # for lease recovery
+
+
+async def test_a_claim_behind_a_table_lock_at_shutdown_is_cancelled_not_left_to_commit(
+    store: PostgresStore, pg_dsn: str
+) -> None:
+    """A claim waiting for a table lock when the worker stops: the worker gives it up
+    (`CLAIM_STOP_WAIT`) and ends, and the statement is cancelled on the server too. It used
+    to be left waiting there (its connection terminated before asyncpg's cancel request went
+    out), to commit once the lock was released: jobs claimed by a worker gone, for a lease;
+    and the shutdown's check for such a claim waited for the lock with no bound."""
+    queue = Queue(store)
+    ids = [await queue.enqueue_in(Work(i, 0), timedelta(seconds=1)) for i in range(3)]
+    worker: Worker[None] = Worker(None, store, concurrency=2, shutdown_timeout=1)
+    worker.register(Work, HeldRuns(3))
+    locker = await asyncpg.connect(pg_dsn)
+    waiting_sql = (
+        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+        f"AND wait_event_type = 'Lock' AND query LIKE '%{store.prefix}_jobs%'"
+    )
+    try:
+        async with running(worker) as shutdown:
+            tx = locker.transaction()
+            await tx.start()
+            # Reads pass (the worker's loops go on); a claim's FOR UPDATE waits.
+            await locker.execute(f"LOCK TABLE {store.prefix}_jobs IN EXCLUSIVE MODE")
+
+            async def a_claim_waits() -> bool:
+                return bool(await store._pool_or_raise().fetchval(waiting_sql))
+
+            await until(a_claim_waits)  # the jobs came due: the claim waits for the lock
+            shutdown.set()
+        # The worker has ended, the lock still held: nothing of it waits there any more.
+        assert await store._pool_or_raise().fetchval(waiting_sql) == 0
+        await tx.rollback()
+    finally:
+        await locker.close()
+    for job_id in ids:
+        job = await queue.job(job_id)
+        assert job is not None and job.status is JobStatus.PENDING and job.run_count == 0

@@ -16,6 +16,7 @@ from venturi import PostgresStore, Queue
 from venturi.embedded import EmbeddedPostgres
 
 from .helpers import all_migrations
+from .test_cli import venturi
 
 
 @pytest.fixture(scope="module")
@@ -88,3 +89,26 @@ async def test_untrusted_certificate_is_refused(tls_server: tuple[str, Path]) ->
     context = ssl.create_default_context()  # system CAs only: our self-signed cert fails
     with pytest.raises(ssl.SSLCertVerificationError):
         await PostgresStore.connect(dsn, prefix="tls", ssl=context)
+
+
+def test_a_worker_does_not_wait_for_a_certificate_that_does_not_verify(
+    tls_server: tuple[str, Path], tmp_path: Path
+) -> None:
+    # An outage is waited for at start; a certificate no wait mends is not (else the worker
+    # would wait forever, saying "unavailable").
+    dsn, _ = tls_server
+    unrelated = tmp_path / "other-ca.crt"  # a CA that did not sign the server's certificate
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1", "-subj",
+         "/CN=127.0.0.1", "-keyout", str(tmp_path / "other.key"), "-out", str(unrelated)],
+        check=True,
+        capture_output=True,
+    )  # fmt: skip
+    run = venturi(
+        "worker",
+        "tests.runtime.cli_app:make_worker",
+        dsn=f"{dsn}?sslmode=verify-full&sslrootcert={unrelated}",
+    )
+    assert run.returncode == 2, run.stderr
+    assert "certificate verify failed" in run.stderr
+    assert "waiting for it" not in run.stderr

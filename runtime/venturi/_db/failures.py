@@ -12,6 +12,7 @@ so the test is by type *and* by origin: anything raised from inside asyncpg coun
 from __future__ import annotations
 
 import os
+import ssl
 import types
 
 import asyncpg
@@ -96,6 +97,14 @@ def is_configuration_error(exc: BaseException) -> bool:
     does not exist, no permission): at start-up it should fail, not be waited out."""
     return isinstance(exc, asyncpg.PostgresError) and _sqlstate(exc).startswith(
         _CONFIGURATION_CLASSES
+    )
+
+
+def waiting_cannot_mend(exc: BaseException) -> bool:
+    """True for a failure to start that no wait mends: a configuration error, a server
+    certificate that does not verify, a connection setting asyncpg refuses."""
+    return is_configuration_error(exc) or isinstance(
+        exc, (ssl.SSLCertVerificationError, asyncpg.ClientConfigurationError)
     )
 
 

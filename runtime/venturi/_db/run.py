@@ -5,6 +5,7 @@ runners, so the same statements serve both, with keyword arguments (see `sql.Sta
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
@@ -172,6 +173,7 @@ class Pooled:
     async def _connection(self) -> AsyncIterator[asyncpg.pool.PoolConnectionProxy[Any]]:
         pool = self._pool()
         conn = await pool.acquire()
+        reaped = False
         try:
             if self._begin is None:
                 yield conn
@@ -179,10 +181,11 @@ class Pooled:
                 async with self._opened(conn):
                     yield conn
         except BaseException as exc:
-            discard_if_broken(conn, exc)
+            reaped = discard_if_broken(pool, conn, exc)
             raise
         finally:
-            await release(pool, conn)
+            if not reaped:
+                await release(pool, conn)
 
     @asynccontextmanager
     async def _opened(self, conn: asyncpg.pool.PoolConnectionProxy[Any]) -> AsyncIterator[None]:
@@ -227,21 +230,64 @@ class Pooled:
         """A pooled connection inside a transaction, discarded if it breaks."""
         pool = self._pool()
         conn = await pool.acquire()
+        reaped = False
         try:
             tx = conn.transaction() if self._begin is None else self._opened(conn)
             async with tx:
                 yield OnConnection(conn, self._q)
         except BaseException as exc:
-            discard_if_broken(conn, exc)
+            reaped = discard_if_broken(pool, conn, exc)
             raise
         finally:
-            await release(pool, conn)
+            if not reaped:
+                await release(pool, conn)
 
 
-def discard_if_broken(conn: asyncpg.pool.PoolConnectionProxy[Any], exc: BaseException) -> None:
-    """Terminate a pooled connection that failed mid-statement (see `Pooled`)."""
-    if breaks_connection(exc) and not detached(conn):
-        conn.terminate()
+CANCEL_WAIT = 2.0
+"""Seconds a connection whose statement was abandoned mid-way (its task cancelled, or timed
+out) is kept out of the pool for the server to confirm the statement is cancelled."""
+
+_reaping: set[asyncio.Task[None]] = set()
+"""Connections being cancelled on the server, then terminated (strong references)."""
+
+
+def discard_if_broken(
+    pool: asyncpg.Pool, conn: asyncpg.pool.PoolConnectionProxy[Any], exc: BaseException
+) -> bool:
+    """Terminate a pooled connection that failed mid-statement (see `Pooled`); True when a
+    background task took it over (then it releases the connection, not the caller).
+
+    A statement abandoned by its caller (cancelled, timed out) is cancelled on the server
+    first, as asyncpg does on its own: terminated at once, the connection would take
+    asyncpg's cancel request with it, and a statement waiting for a lock would run once the
+    lock is released, long after its caller gave up (a claim would commit, its jobs claimed by
+    a worker gone until their leases end). The caller does not wait for that: a timeout
+    bounds its own wait, and some callers act on it (a lease about to end)."""
+    if not breaks_connection(exc) or detached(conn):
+        return False
+    pending = getattr(getattr(conn, "_con", None), "_cancellations", None)  # asyncpg's
+    if isinstance(exc, (asyncio.CancelledError, TimeoutError)) and pending:
+        task = asyncio.get_running_loop().create_task(_reap(pool, conn, set(pending)))
+        _reaping.add(task)
+        task.add_done_callback(_reaping.discard)
+        return True
+    conn.terminate()
+    return False
+
+
+async def _reap(
+    pool: asyncpg.Pool,
+    conn: asyncpg.pool.PoolConnectionProxy[Any],
+    cancels: set[asyncio.Task[Any]],
+) -> None:
+    """Wait (at most `CANCEL_WAIT`) for the server to answer asyncpg's cancel request, then
+    terminate the connection and give it back."""
+    try:
+        await asyncio.wait(cancels, timeout=CANCEL_WAIT)
+    finally:
+        if not detached(conn):
+            conn.terminate()
+        await release(pool, conn)
 
 
 def detached(conn: Any) -> bool:

@@ -212,6 +212,7 @@ class DashboardStore:
         # terminated rather than returned, as the store does for its own statements.
         pool: asyncpg.Pool = self.store._pool_or_raise()
         conn = await pool.acquire()
+        reaped = False
         try:
             async with conn.transaction(
                 readonly=readonly, isolation="repeatable_read" if readonly else None
@@ -220,10 +221,11 @@ class DashboardStore:
                 await conn.execute(stmt.text, *stmt.args({"timeout_ms": self._timeout_ms}))
                 yield conn
         except BaseException as exc:
-            discard_if_broken(conn, exc)
+            reaped = discard_if_broken(pool, conn, exc)
             raise
         finally:
-            await release(pool, conn)
+            if not reaped:
+                await release(pool, conn)
 
     @asynccontextmanager
     async def reading(self) -> AsyncIterator[Reader]:
