@@ -326,8 +326,9 @@ class Worker(Generic[AppT]):
         runs; `max_jobs` after claiming that many. Each lets what runs finish normally, then
         returns. `max_time` (seconds) shuts down gracefully after that long, as `shutdown`.
 
-        A database that is down when the worker starts, or goes away later, is waited for;
-        only a bug in venturi ends `run()` early, by raising it (after draining).
+        A database that is down when the worker starts, or goes away later, is waited for
+        (a shutdown while it starts ends the wait and `run()`); only a bug in venturi ends
+        `run()` early, by raising it (after draining).
 
         Every log record of the worker's tasks (and its handlers') carries its identity as
         the field `worker` (`venturi.logs.JsonFormatter`).
@@ -357,7 +358,11 @@ class Worker(Generic[AppT]):
         limits = _limits(once, stop_when_empty, max_jobs)
         deadline = None if max_time is None else to_seconds(max_time, name="max_time", low=1e-3)
         self._check_pool()
-        await self._check_schema()  # never run against a schema this release does not know
+        # Never run against a schema this release does not know; a database not up yet is
+        # waited for, and a shutdown meanwhile ends the wait (nothing has started).
+        if not await self._checked_unless_stopped(shutdown):
+            logger.info("worker %s stopped before it started", self.identity)
+            return
         self._started = True
         identity = str(self.identity)
         undertaker = self._undertaker = Undertaker(
@@ -543,6 +548,24 @@ class Worker(Generic[AppT]):
             outage=self._outage,
         )
         return [asyncio.create_task(scheduler.run(), name="venturi-scheduler")]
+
+    async def _checked_unless_stopped(self, shutdown: asyncio.Event | None) -> bool:
+        """`_check_schema()`, or False if `shutdown` is set first (the check is cancelled)."""
+        check = asyncio.create_task(self._check_schema())
+        if shutdown is None:
+            await check
+            return True
+        stopped = asyncio.create_task(shutdown.wait())
+        try:
+            await asyncio.wait({check, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in (check, stopped):
+                task.cancel()  # a no-op for the one that ended; `run()` cancelled: both
+            await asyncio.gather(check, stopped, return_exceptions=True)
+        if check.cancelled():
+            return False
+        check.result()  # raises what the check raised
+        return True
 
     async def _check_schema(self) -> None:
         """`store.check_schema()`, waiting out a database that is not up yet; an error that

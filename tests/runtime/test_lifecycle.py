@@ -27,7 +27,7 @@ from venturi import (
 )
 from venturi._producer import Producer
 
-from .helpers import Claims, running, until_status
+from .helpers import Claims, running, until, until_status
 
 
 @dataclass
@@ -574,3 +574,40 @@ async def test_priority_orders_claims(queue: Queue, priority_first: bool) -> Non
 
         await until(all_done)
     assert order == [3, 2, 1]
+
+
+async def test_a_shutdown_while_the_worker_waits_to_start_ends_it(
+    store: PostgresStore, pg_dsn: str
+) -> None:
+    """The start-up check waits for a database that cannot answer yet (here: behind a lock on
+    the record of migrations); a shutdown meanwhile ends `run()` at once, before anything
+    started. It used to be seen only once the check was through, however long that took (a
+    pod's SIGTERM ended in its SIGKILL)."""
+    prefix = store.prefix
+    locker = await asyncpg.connect(pg_dsn)
+    try:
+        async with locker.transaction():
+            await locker.execute(f"LOCK TABLE {prefix}_migrations IN ACCESS EXCLUSIVE MODE")
+            worker = fast_worker(store)
+            worker.register(Job, never_run)
+            shutdown = asyncio.Event()
+            run = asyncio.create_task(worker.run(shutdown))
+
+            async def the_check_waits() -> bool:
+                return bool(
+                    await store._pool_or_raise().fetchval(
+                        "SELECT count(*) FROM pg_stat_activity WHERE state = 'active' "
+                        f"AND wait_event_type = 'Lock' AND query LIKE '%{prefix}_migrations%'"
+                    )
+                )
+
+            await until(the_check_waits)
+            shutdown.set()
+            await asyncio.wait_for(run, 30)  # while the lock is still held
+            assert not worker.ready.is_set()
+    finally:
+        await locker.close()
+
+
+async def never_run(task: Job, ctx: Context[None], app: None) -> Outcome:
+    raise AssertionError("no job was enqueued")
