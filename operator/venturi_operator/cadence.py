@@ -12,18 +12,28 @@ previous tick ends, and when a NOTIFY (a job enqueued or made claimable) wakes i
   stats query of under a millisecond, and the API calls that read the Deployment).
 
 After a tick whose scale-in was held back because every pod it would remove holds a job, the
-next tick comes :data:`SPARED_RETRY_SECONDS` later instead of an interval (:func:`next_wait`).
+next tick comes :data:`SPARED_RETRY_SECONDS` later instead of an interval (:func:`next_wait`);
+after one whose status the API server did not take, :data:`RETRY_AFTER_API_FAILURE` later.
 """
 
 from __future__ import annotations
 
-__all__ = ["BURST_WAKE_SECONDS", "SPARED_RETRY_SECONDS", "next_wait", "wake_at"]
+__all__ = [
+    "BURST_WAKE_SECONDS",
+    "RETRY_AFTER_API_FAILURE",
+    "SPARED_RETRY_SECONDS",
+    "next_wait",
+    "wake_at",
+]
 
 #: The least time between ticks that NOTIFYs at a running pool cause.
 BURST_WAKE_SECONDS = 5.0
 #: The wait after a tick whose scale-in busy pods held back: a pod that goes idle is taken
 #: within this, not an interval later.
 SPARED_RETRY_SECONDS = 2.0
+#: The wait after a tick whose end the API server did not take (its status patch failed, the
+#: server away): the tick is tried again this soon, not an interval later.
+RETRY_AFTER_API_FAILURE = 5.0
 
 
 def next_wait(interval: float, *, spared: bool) -> float:

@@ -124,6 +124,12 @@ class Databases:
             prefix=prefix,
         )
 
+    async def fenced_pods(self, dsn: str, prefix: str) -> list[str]:
+        """The pods fenced now (`Queue.fenced_pods`), bounded like `stats`."""
+        return await self._bounded(
+            dsn, lambda queue: queue.fenced_pods(), "reading fenced pods", prefix=prefix
+        )
+
     async def _bounded(
         self, dsn: str, call: Callable[[Queue], Awaitable[_T]], what: str, *, prefix: str
     ) -> _T:

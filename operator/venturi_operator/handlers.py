@@ -18,7 +18,7 @@ from typing import Any
 import kopf
 
 from venturi_operator import cadence
-from venturi_operator.kube import GROUP, PLURAL, VERSION
+from venturi_operator.kube import GROUP, PLURAL, VERSION, KubeError
 from venturi_operator.reconcile import Reconciler
 from venturi_operator.spec import DEFAULT_INTERVAL
 
@@ -53,6 +53,12 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
         settings.posting.level = logging.WARNING  # our own Events only, not every log line
         settings.persistence.finalizer = f"{GROUP}/operator"
         settings.watching.server_timeout = 300
+        # kopf's own requests (watches, patches, Events) bounded as the reconciler's are: an
+        # API server that accepted a connection and then went silent must not hold them.
+        settings.watching.client_timeout = 330
+        settings.watching.connect_timeout = 10
+        settings.networking.connect_timeout = 10
+        settings.networking.request_timeout = 30
         # No CRD watching: the JobQueue CRD is installed before the operator (chart or
         # kubectl), and not scanning means no cluster-wide CRD permissions are needed.
         settings.scanning.disabled = True
@@ -118,7 +124,7 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
                     deferred.pop().cancel()
                 spec = plain(body.get("spec") or {})
                 generation = int(body.get("metadata", {}).get("generation") or 0)
-                spared = False
+                spared = soon = False
                 try:
                     result = await reconciler.tick(
                         namespace,
@@ -131,6 +137,18 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
                     )
                     await reconciler.kube.patch_status(namespace, name, result.status)
                     spared = result.spared
+                except KubeError as exc:
+                    # The API server (the status patch: the tick itself turns its failures
+                    # into conditions) is away or refused: one line, and another tick soon.
+                    logger.warning(
+                        "%s/%s: %s",
+                        namespace,
+                        name,
+                        exc.message,
+                        extra={"namespace": namespace, "jobqueue": name},
+                    )
+                    reconciler.metrics.reconcile_errors.labels(namespace, name, exc.reason).inc()
+                    soon = True
                 except Exception as exc:  # one bad tick must never end the daemon
                     logger.exception(
                         "%s/%s: reconcile failed",
@@ -157,6 +175,8 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
                 seconds = float(interval) if isinstance(interval, int) else DEFAULT_INTERVAL
                 # Sooner after a scale-in that busy pods held back: an idle pod is seldom idle long.
                 seconds = cadence.next_wait(seconds, spared=spared)
+                if soon:
+                    seconds = min(seconds, cadence.RETRY_AFTER_API_FAILURE)
                 await _wait(wake, stopped, seconds)  # a spec change sets `wake` (on_change)
         finally:
             while deferred:

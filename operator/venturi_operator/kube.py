@@ -10,15 +10,19 @@ import base64
 import binascii
 import hashlib
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import kopf
+import urllib3
 from kubernetes import client
 from kubernetes import config as kube_config
 from kubernetes.client.exceptions import ApiException
 
 from venturi_operator.scalein import DELETION_COST
+
+_T = TypeVar("_T")
 
 GROUP = "venturi.dev"
 VERSION = "v1alpha1"
@@ -54,10 +58,16 @@ class DeploymentState:
     jobqueue: str | None = None
     """The SCALE_ANNOTATION: the JobQueue the Deployment lets scale it, if any."""
     selector: str | None = None
-    """spec.selector as a label selector string; None when it has matchExpressions."""
+    """spec.selector as a label selector string (None: none that can be said)."""
     template: str | None = None
     """A fingerprint of spec.template (what the pods run): it changes with a new release or
     a `kubectl rollout restart`, not with a scale."""
+
+
+REQUEST_TIMEOUT = (5.0, 20.0)
+"""Seconds to connect to the API server, and to wait for its reply, per request: an API
+server that accepted a connection and then stopped answering would otherwise hold the
+call's thread, and the JobQueue's ticks with it, for good."""
 
 
 class Kube:
@@ -77,6 +87,21 @@ class Kube:
         except kube_config.ConfigException:
             kube_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         return cls(client.ApiClient(configuration))
+
+    async def _call(self, doing: str, method: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        """`method(*args, **kwargs)` in a thread, bounded by `REQUEST_TIMEOUT`; an API server
+        that cannot be reached, or does not answer in time, is a `KubeError` ("ApiUnreachable"),
+        as a refusal is one of its own (the caller maps `ApiException`s)."""
+        try:
+            return await asyncio.to_thread(
+                method, *args, _request_timeout=REQUEST_TIMEOUT, **kwargs
+            )
+        except ApiException:
+            raise
+        except (urllib3.exceptions.HTTPError, OSError) as exc:
+            raise KubeError(
+                "ApiUnreachable", f"{doing}: the API server did not answer ({_describe(exc)})"
+            ) from None
 
     def connection_info(self) -> kopf.ConnectionInfo:
         """The same credentials for kopf's own API calls (watching, patching, Events), so
@@ -101,7 +126,12 @@ class Kube:
     async def secret_value(self, namespace: str, name: str, key: str) -> str:
         """One value of a Secret's data, decoded."""
         try:
-            secret = await asyncio.to_thread(self._core.read_namespaced_secret, name, namespace)
+            secret = await self._call(
+                f"reading Secret {namespace}/{name}",
+                self._core.read_namespaced_secret,
+                name,
+                namespace,
+            )
         except ApiException as exc:
             if exc.status == 404:
                 raise KubeError("SecretNotFound", f"Secret {namespace}/{name} not found") from None
@@ -125,7 +155,12 @@ class Kube:
 
     async def deployment(self, namespace: str, name: str) -> DeploymentState:
         try:
-            dep = await asyncio.to_thread(self._apps.read_namespaced_deployment, name, namespace)
+            dep = await self._call(
+                f"reading Deployment {namespace}/{name}",
+                self._apps.read_namespaced_deployment,
+                name,
+                namespace,
+            )
         except ApiException as exc:
             if exc.status == 404:
                 raise KubeError(
@@ -152,8 +187,11 @@ class Kube:
         """The pods a selector matches that are neither terminating nor finished, each with
         its pod-deletion-cost annotation and readiness."""
         try:
-            pods = await asyncio.to_thread(
-                self._core.list_namespaced_pod, namespace, label_selector=selector
+            pods = await self._call(
+                f"listing pods {selector} in {namespace}",
+                self._core.list_namespaced_pod,
+                namespace,
+                label_selector=selector,
             )
         except ApiException as exc:
             raise _error(exc, f"listing pods {selector} in {namespace}") from None
@@ -176,7 +214,13 @@ class Kube:
         """Annotate a pod with controller.kubernetes.io/pod-deletion-cost."""
         body = {"metadata": {"annotations": {DELETION_COST: str(cost)}}}
         try:
-            await asyncio.to_thread(self._core.patch_namespaced_pod, name, namespace, body)
+            await self._call(
+                f"annotating pod {namespace}/{name}",
+                self._core.patch_namespaced_pod,
+                name,
+                namespace,
+                body,
+            )
         except ApiException as exc:
             if exc.status == 404:
                 return  # gone meanwhile: nothing to spare
@@ -187,8 +231,10 @@ class Kube:
         mapped to a description of that autoscaler (two autoscalers would fight)."""
         found: dict[str, str] = {}
         try:
-            hpas = await asyncio.to_thread(
-                self._autoscaling.list_namespaced_horizontal_pod_autoscaler, namespace
+            hpas = await self._call(
+                f"listing HorizontalPodAutoscalers in {namespace}",
+                self._autoscaling.list_namespaced_horizontal_pod_autoscaler,
+                namespace,
             )
         except ApiException as exc:
             raise _error(exc, f"listing HorizontalPodAutoscalers in {namespace}") from None
@@ -198,7 +244,8 @@ class Kube:
                 hpa_name = hpa.metadata.name if hpa.metadata is not None else "?"
                 found[ref.name] = f"HorizontalPodAutoscaler {hpa_name}"
         try:
-            scaled = await asyncio.to_thread(
+            scaled = await self._call(
+                f"listing KEDA ScaledObjects in {namespace}",
                 self._custom.list_namespaced_custom_object,
                 "keda.sh",
                 "v1alpha1",
@@ -219,7 +266,8 @@ class Kube:
     async def scale(self, namespace: str, name: str, replicas: int) -> None:
         """Set a Deployment's replicas through its scale subresource."""
         try:
-            await asyncio.to_thread(
+            await self._call(
+                f"scaling Deployment {namespace}/{name}",
                 self._apps.patch_namespaced_deployment_scale,
                 name,
                 namespace,
@@ -230,7 +278,8 @@ class Kube:
 
     async def patch_status(self, namespace: str, name: str, status: dict[str, Any]) -> None:
         try:
-            await asyncio.to_thread(
+            await self._call(
+                f"patching status of JobQueue {namespace}/{name}",
                 self._custom.patch_namespaced_custom_object_status,
                 GROUP,
                 VERSION,
@@ -246,12 +295,34 @@ class Kube:
 
 
 def _selector(selector: Any) -> str | None:
-    """matchLabels as a label selector string (what list_namespaced_pod takes)."""
-    if selector is None or selector.match_expressions or not selector.match_labels:
+    """A Deployment's selector (matchLabels and matchExpressions) as a label selector string,
+    what list_namespaced_pod takes; None when it selects nothing it can say (no selector, or
+    an operator Kubernetes does not define)."""
+    if selector is None:
         return None
-    return ",".join(f"{k}={v}" for k, v in sorted(selector.match_labels.items()))
+    terms = [f"{k}={v}" for k, v in sorted((selector.match_labels or {}).items())]
+    for expression in selector.match_expressions or []:
+        key, operator, values = expression.key, expression.operator, expression.values or []
+        if operator in ("In", "NotIn"):
+            terms.append(f"{key} {operator.lower()} ({','.join(sorted(values))})")
+        elif operator == "Exists":
+            terms.append(key)
+        elif operator == "DoesNotExist":
+            terms.append(f"!{key}")
+        else:
+            return None
+    return ",".join(terms) or None
 
 
 def _error(exc: ApiException, doing: str) -> KubeError:
     reason = {401: "Unauthorized", 403: "Forbidden", 409: "Conflict"}.get(exc.status, "ApiError")
     return KubeError(reason, f"{doing}: HTTP {exc.status} {exc.reason}")
+
+
+def _describe(exc: BaseException) -> str:
+    """urllib3's errors, in one line: the innermost reason (a refused connection, a read
+    timeout), not the whole retry history."""
+    reason = getattr(exc, "reason", None)
+    inner = reason if isinstance(reason, BaseException) else exc
+    text = str(inner).strip().splitlines()
+    return f"{type(inner).__name__}: {text[0]}" if text else type(inner).__name__

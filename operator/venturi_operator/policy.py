@@ -294,6 +294,8 @@ class Reason(enum.StrEnum):
     SCALE_TO_ZERO_COOLDOWN = "ScaleToZeroCooldown"
     #: A scale-in held back to the number of pods that hold no job.
     BUSY_PODS_SPARED = "BusyPodsSpared"
+    #: A scale-in held back: which pods hold jobs could not be read (the pods, or their claims).
+    BUSY_PODS_UNKNOWN = "BusyPodsUnknown"
 
 
 @dataclass(frozen=True, kw_only=True)

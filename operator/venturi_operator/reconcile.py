@@ -8,6 +8,7 @@ restarted operator starts fresh histories, which the policy seeds safely.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import re
 import time
@@ -452,7 +453,14 @@ class Reconciler:
         the pods it takes are fenced first (see `scalein`)."""
         current = deployment.replicas
         history = memory.histories.get(pool.deployment, policy.History())
-        fences = memory.fenced.setdefault(pool.deployment, {})
+        fences = memory.fenced.get(pool.deployment)
+        if fences is None and queue is not None:
+            # First sight of the pool (this operator just started): fences an operator before
+            # it wrote and never lifted (it died between a fence and its scale-in) are lifted
+            # as its own would be, `FENCE_SETTLE` from now for the pods still there, instead
+            # of holding idle pods back for their whole TTL.
+            fences = dict.fromkeys(await self._fenced(namespace, *queue), now)
+        fences = memory.fenced.setdefault(pool.deployment, fences or {})
         if queue is not None and deployment.selector:
             await self._lift_fences(namespace, deployment.selector, fences, now, *queue)
 
@@ -470,10 +478,15 @@ class Reconciler:
             )
 
         decision = decide(None)
-        if decision.replicas < current and queue is not None and deployment.selector:
-            decision = await self._prepare_scale_in(
-                namespace, deployment.selector, current, decision, decide, fences, now, *queue
-            )
+        if decision.replicas < current and queue is not None:
+            if deployment.selector:
+                decision = await self._prepare_scale_in(
+                    namespace, deployment.selector, current, decision, decide, fences, now, *queue
+                )
+            else:
+                decision = _held_unknown(
+                    decision, decide, current, "the Deployment has no selector to list them by"
+                )
         if decision.replicas != current:
             try:
                 await self.kube.scale(namespace, pool.deployment, decision.replicas)
@@ -593,17 +606,17 @@ class Reconciler:
         pods fenced, and when) gains every pod a fence was written for, before the write, so
         that a fence that committed with its reply lost is lifted too.
 
-        When the pods or the claims cannot be read the scale-in goes ahead unspared, as
-        `decision` says. A pod that claimed a job just before its fence is kept and unfenced,
-        and another idle pod is fenced in its place (for a few rounds at most); a scale-in
-        takes no pod that is not fenced (when a fence cannot be written, e.g. a schema before
-        migration 18, it waits: `decide`'s unfenced pods)."""
+        When the pods or the claims cannot be read there is no scale-in (it would take pods
+        at random, busy or not), until they can be. A pod that claimed a job just before its
+        fence is kept and unfenced, and another idle pod is fenced in its place (for a few
+        rounds at most); a scale-in takes no pod that is not fenced (when a fence cannot be
+        written, e.g. a schema before migration 18, it waits: `decide`'s unfenced pods)."""
         try:
             pods = await self.kube.pods(namespace, selector)
             claimed = await self.databases.claimed_by_pod(dsn, prefix)
         except (KubeError, DatabaseError) as exc:
             self._cannot_mark(namespace, exc)
-            return decision
+            return _held_unknown(decision, decide, current, exc.message)
         costs = scalein.deletion_costs(pods, claimed)
         decision = decide(scalein.busy_pods(costs), 0)
         unready = {name for name, pod in pods.items() if not pod.ready}
@@ -698,6 +711,22 @@ class Reconciler:
             return
         for pod in due:
             del fences[pod]
+
+    async def _fenced(self, namespace: str, dsn: str, prefix: str) -> list[str]:
+        """The pods fenced now in the pool's database (none when it cannot say: those fences
+        then lapse by themselves)."""
+        try:
+            return await self.databases.fenced_pods(dsn, prefix)
+        except DatabaseError as exc:
+            logger.warning(
+                "%s: cannot read the pods fenced now (%s): fences left by an earlier operator "
+                "lapse within %.0fs",
+                namespace,
+                exc,
+                scalein.FENCE_TTL,
+                extra={"namespace": namespace},
+            )
+            return []
 
     async def _unfence(self, namespace: str, dsn: str, prefix: str, pods: list[str]) -> bool:
         try:
@@ -874,3 +903,22 @@ def _conditions(
             type="Ready", ok=True, reason="Reconciled", message="stats read and every pool scaled"
         )
     return [ready, *out]
+
+
+def _held_unknown(
+    decision: policy.Decision,
+    decide: Callable[[int | None, int], policy.Decision],
+    current: int,
+    why: str,
+) -> policy.Decision:
+    """`decision`'s scale-in held back, at `current` replicas: which pods hold jobs is not
+    known (`why`), and the ReplicaSet would pick its victims busy or not."""
+    held = decide(0, current)  # every pod spared, as if none could be fenced
+    return dataclasses.replace(
+        held,
+        reason=policy.Reason.BUSY_PODS_UNKNOWN,
+        message=(
+            f"{decision.message}; which pods hold jobs is not known ({why}): no scale-in "
+            "until it is, so no running job is interrupted"
+        ),
+    )

@@ -37,7 +37,7 @@ from venturi_operator.cadence import BURST_WAKE_SECONDS
 from venturi_operator.config import OperatorConfig
 from venturi_operator.databases import DatabaseError, Databases
 from venturi_operator.handlers import build_registry
-from venturi_operator.kube import SCALE_ANNOTATION, Kube, PodState
+from venturi_operator.kube import SCALE_ANNOTATION, Kube, KubeError, PodState
 from venturi_operator.metrics import OperatorMetrics
 from venturi_operator.reconcile import Reconciler, TickResult
 
@@ -941,6 +941,99 @@ async def test_a_scale_in_marks_idle_pods_and_spares_busy_ones(
         # The scale-in's fence, lifted at a later tick (kmock has no ReplicaSet: mailer-c
         # is still there, and may claim again).
         await until_fenced(store, [])
+
+
+async def test_a_deployment_selecting_its_pods_by_expressions_spares_busy_ones(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str
+) -> None:
+    """The same scale-in for a Deployment whose selector has matchExpressions: its pods are
+    listed by them, marked and fenced. It used to skip all of that (its selector was not
+    read), and the ReplicaSet took pods at random, busy or not."""
+    await Queue(store).enqueue_many(Mail() for _ in range(3))
+    await claim_for(store, "mailer-a", 2)
+    await claim_for(store, "mailer-b", 1)
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    labels = {"app": "mailer", "tier": "jobs"}
+    kube.create(
+        {
+            "apiVersion": "apps/v1",
+            "kind": "Deployment",
+            "metadata": {
+                "name": "mailer",
+                "namespace": NS,
+                "labels": labels,
+                "annotations": {SCALE_ANNOTATION: "mail"},
+            },
+            "spec": {
+                "replicas": 3,
+                "selector": {
+                    "matchLabels": {"app": "mailer"},
+                    "matchExpressions": [
+                        {"key": "tier", "operator": "In", "values": ["jobs", "batch"]},
+                        {"key": "canary", "operator": "DoesNotExist"},
+                    ],
+                },
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {"containers": [{"name": "worker", "image": "venturi-worker:t"}]},
+                },
+            },
+            "status": {"replicas": 3, "readyReplicas": 3, "observedGeneration": 1},
+        }
+    )
+    for pod in ("mailer-a", "mailer-b", "mailer-c"):
+        kube.pod(NS, pod, labels=labels)
+    kube.pod(NS, "mailer-canary", labels={**labels, "canary": "yes"})  # not the Deployment's
+    kube.jobqueue(NS, "mail", spec(store.prefix))
+    async with operator(kube):
+        await replicas_become(kube, "mailer", 2)
+        costs = {
+            p: kube.get(PODS, NS, p)["metadata"].get("annotations", {}).get(COST)
+            for p in ("mailer-a", "mailer-b", "mailer-c", "mailer-canary")
+        }
+        assert costs == {"mailer-a": "2", "mailer-b": "1", "mailer-c": "-1", "mailer-canary": None}
+
+
+async def test_a_scale_in_whose_busy_pods_cannot_be_known_waits(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The load wants one replica of three, but the pods cannot be listed (no RBAC for pods,
+    the API server failing): no scale-in, since the ReplicaSet would take pods at random,
+    busy or not. It used to go ahead unspared."""
+    await mailer_pool(kube, store, pg_dsn, pods=3, jobs=3, claims={"mailer-a": 2})
+
+    async def forbidden(self: Kube, namespace: str, selector: str) -> dict[str, Any]:
+        raise KubeError("Forbidden", f"listing pods {selector} in {namespace}: HTTP 403")
+
+    monkeypatch.setattr(Kube, "pods", forbidden)
+    kube.jobqueue(NS, "mail", spec(store.prefix))
+    async with operator(kube):
+        jq = await kube.wait_for(
+            JOBQUEUES, NS, "mail",
+            lambda o: (o.get("status", {}).get("pools") or [{}])[0].get("reason")
+            == "BusyPodsUnknown",
+            timeout=TIMEOUT,
+        )  # fmt: skip
+        pool = jq["status"]["pools"][0]
+        assert (pool["currentReplicas"], pool["desiredReplicas"]) == (3, 3)
+        assert "which pods hold jobs is not known (listing pods app=mailer" in pool["message"]
+        assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 3
+
+
+async def test_fences_an_operator_before_left_are_lifted_from_the_pods_still_there(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An operator died between fencing mailer-c and scaling in: the pod is still there,
+    idle, and claims nothing. The operator that follows lifts that fence as it lifts its own
+    (FENCE_SETTLE later: here 0), instead of leaving the pod idle for the fence's TTL. A
+    fenced pod of another Deployment is left alone."""
+    monkeypatch.setattr(scalein, "FENCE_SETTLE", 0.0)
+    await mailer_pool(kube, store, pg_dsn, pods=3, jobs=30, claims={})  # 3 replicas wanted
+    await Queue(store).fence_pods(["mailer-c", "elsewhere-x"], ttl=600)
+    kube.jobqueue(NS, "mail", spec(store.prefix))
+    async with operator(kube):
+        await until_fenced(store, ["elsewhere-x"])
+        assert kube.get(DEPLOYMENTS, NS, "mailer")["spec"]["replicas"] == 3
 
 
 async def test_a_busy_pod_that_is_not_ready_holds_back_a_scale_in(
