@@ -454,12 +454,12 @@ class Reconciler:
         current = deployment.replicas
         history = memory.histories.get(pool.deployment, policy.History())
         fences = memory.fenced.get(pool.deployment)
-        if fences is None and queue is not None:
+        if fences is None and queue is not None and deployment.selector:
             # First sight of the pool (this operator just started): fences an operator before
-            # it wrote and never lifted (it died between a fence and its scale-in) are lifted
-            # as its own would be, `FENCE_SETTLE` from now for the pods still there, instead
-            # of holding idle pods back for their whole TTL.
-            fences = dict.fromkeys(await self._fenced(namespace, *queue), now)
+            # it wrote for the pool's pods and never lifted (it died between a fence and its
+            # scale-in) are lifted as its own would be, `FENCE_SETTLE` from now for the pods
+            # still there, instead of holding idle pods back for their whole TTL.
+            fences = await self._left_fences(namespace, deployment.selector, now, *queue)
         fences = memory.fenced.setdefault(pool.deployment, fences or {})
         if queue is not None and deployment.selector:
             await self._lift_fences(namespace, deployment.selector, fences, now, *queue)
@@ -712,21 +712,25 @@ class Reconciler:
         for pod in due:
             del fences[pod]
 
-    async def _fenced(self, namespace: str, dsn: str, prefix: str) -> list[str]:
-        """The pods fenced now in the pool's database (none when it cannot say: those fences
-        then lapse by themselves)."""
+    async def _left_fences(
+        self, namespace: str, selector: str, now: float, dsn: str, prefix: str
+    ) -> dict[str, float]:
+        """The pool's pods fenced now, as fenced at `now` (none when that cannot be read:
+        those fences then lapse by themselves)."""
         try:
-            return await self.databases.fenced_pods(dsn, prefix)
-        except DatabaseError as exc:
+            fenced = await self.databases.fenced_pods(dsn, prefix)
+            listed = await self.kube.pods(namespace, selector) if fenced else {}
+        except (DatabaseError, KubeError) as exc:
             logger.warning(
-                "%s: cannot read the pods fenced now (%s): fences left by an earlier operator "
-                "lapse within %.0fs",
+                "%s: cannot read which pods are fenced now (%s): fences left by an earlier "
+                "operator lapse within %.0fs",
                 namespace,
                 exc,
                 scalein.FENCE_TTL,
                 extra={"namespace": namespace},
             )
-            return []
+            return {}
+        return {pod: now for pod in fenced if pod in listed}
 
     async def _unfence(self, namespace: str, dsn: str, prefix: str, pods: list[str]) -> bool:
         try:
