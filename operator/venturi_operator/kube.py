@@ -72,6 +72,9 @@ call's thread, and the JobQueue's ticks with it, for good."""
 
 class Kube:
     def __init__(self, api: client.ApiClient) -> None:
+        # One try per request: urllib3 would retry a timed-out one three times (80 s, not 20,
+        # and a warning line each); the next tick is the retry.
+        api.rest_client.pool_manager.connection_pool_kw["retries"] = False
         self.api = api
         self._core = client.CoreV1Api(api)
         self._apps = client.AppsV1Api(api)

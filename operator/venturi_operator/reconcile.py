@@ -607,15 +607,22 @@ class Reconciler:
         that a fence that committed with its reply lost is lifted too.
 
         When the pods or the claims cannot be read there is no scale-in (it would take pods
-        at random, busy or not), until they can be. A pod that claimed a job just before its
-        fence is kept and unfenced, and another idle pod is fenced in its place (for a few
-        rounds at most); a scale-in takes no pod that is not fenced (when a fence cannot be
-        written, e.g. a schema before migration 18, it waits: `decide`'s unfenced pods)."""
+        at random, busy or not) until they can be, unless the claims say no job is claimed at
+        all. A pod that claimed a job just before its fence is kept and unfenced, and another
+        idle pod is fenced in its place (for a few rounds at most); a scale-in takes no pod
+        that is not fenced (when a fence cannot be written, e.g. a schema before migration 18,
+        it waits: `decide`'s unfenced pods)."""
+        try:
+            claimed = await self.databases.claimed_by_pod(dsn, prefix)
+        except DatabaseError as exc:
+            self._cannot_mark(namespace, exc)
+            return _held_unknown(decision, decide, current, exc.message)
         try:
             pods = await self.kube.pods(namespace, selector)
-            claimed = await self.databases.claimed_by_pod(dsn, prefix)
-        except (KubeError, DatabaseError) as exc:
+        except KubeError as exc:
             self._cannot_mark(namespace, exc)
+            if not claimed:  # no job is claimed at all: no pod can be busy, any may go
+                return decision
             return _held_unknown(decision, decide, current, exc.message)
         costs = scalein.deletion_costs(pods, claimed)
         decision = decide(scalein.busy_pods(costs), 0)
@@ -722,8 +729,7 @@ class Reconciler:
             listed = await self.kube.pods(namespace, selector) if fenced else {}
         except (DatabaseError, KubeError) as exc:
             logger.warning(
-                "%s: cannot read which pods are fenced now (%s): fences left by an earlier "
-                "operator lapse within %.0fs",
+                "%s: cannot look for fences an earlier operator left (%s): they lapse within %.0fs",
                 namespace,
                 exc,
                 scalein.FENCE_TTL,
