@@ -139,7 +139,8 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
                     spared = result.spared
                 except KubeError as exc:
                     # The API server (the status patch: the tick itself turns its failures
-                    # into conditions) is away or refused: one line, and another tick soon.
+                    # into conditions) is away or refused: one line, and, if away, another
+                    # tick soon.
                     logger.warning(
                         "%s/%s: %s",
                         namespace,
@@ -148,7 +149,7 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
                         extra={"namespace": namespace, "jobqueue": name},
                     )
                     reconciler.metrics.reconcile_errors.labels(namespace, name, exc.reason).inc()
-                    soon = True
+                    soon = exc.reason == "ApiUnreachable"  # a refusal would refuse again
                 except Exception as exc:  # one bad tick must never end the daemon
                     logger.exception(
                         "%s/%s: reconcile failed",

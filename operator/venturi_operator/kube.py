@@ -72,9 +72,12 @@ call's thread, and the JobQueue's ticks with it, for good."""
 
 class Kube:
     def __init__(self, api: client.ApiClient) -> None:
-        # One try per request: urllib3 would retry a timed-out one three times (80 s, not 20,
-        # and a warning line each); the next tick is the retry.
-        api.rest_client.pool_manager.connection_pool_kw["retries"] = False
+        # A request that reached the server is tried once: urllib3 would retry a timed-out
+        # one three times (80 s, not 20, and a warning line each); the next tick is the retry.
+        # One that could not connect (a stale kept-alive connection) is tried once more.
+        api.rest_client.pool_manager.connection_pool_kw["retries"] = urllib3.Retry(
+            total=1, connect=1, read=0, status=0, other=0, redirect=0
+        )
         self.api = api
         self._core = client.CoreV1Api(api)
         self._apps = client.AppsV1Api(api)

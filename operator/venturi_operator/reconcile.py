@@ -924,6 +924,8 @@ def _held_unknown(
     """`decision`'s scale-in held back, at `current` replicas: which pods hold jobs is not
     known (`why`), and the ReplicaSet would pick its victims busy or not."""
     held = decide(0, current)  # every pod spared, as if none could be fenced
+    if held.replicas < current:  # a bound the user set (maxReplicas lowered): it stands
+        return decision
     return dataclasses.replace(
         held,
         reason=policy.Reason.BUSY_PODS_UNKNOWN,

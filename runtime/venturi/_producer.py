@@ -34,6 +34,7 @@ from venturi._claims import (
     spread_order,
 )
 from venturi._db.failures import describe, is_database_failure
+from venturi._db.run import reaped
 from venturi._executor import Registration
 from venturi._outage import Outage, next_delay
 from venturi._records import ClaimedJob, NextDue
@@ -387,6 +388,9 @@ class Producer:
         await asyncio.gather(loop_task, return_exceptions=True)
         if not self._unsure:
             return
+        # The claim given up on, cancelled on the server first: it has then committed or not,
+        # and what the check reads is what it did.
+        await reaped()
         try:
             # Bounded too: behind a table lock it would wait as long as the lock is held.
             async with asyncio.timeout(CLAIM_STOP_WAIT):

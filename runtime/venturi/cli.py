@@ -84,17 +84,14 @@ class UsageError(Exception):
     """A bad command line: printed as one line, exit status 2."""
 
 
-_DURATION_OPTIONS = ("--for", "--older-than", "--max-time", "--lock-timeout")
-"""Options whose value is a duration: `--for -1h` reaches their check (argparse alone takes
-`-1h` for an option, and says only "expected one argument")."""
-
-
 def _negative_values_attached(argv: Sequence[str]) -> list[str]:
-    """`argv` with `--for -1h` written `--for=-1h`, for the duration options."""
+    """`argv` with `--for -1h` written `--for=-1h`: a negative value reaches its option's
+    check (argparse alone takes `-1h` for an option, and says only "expected one
+    argument"). No command takes a negative number where it does not take a value."""
     out: list[str] = []
     args = iter(argv)
     for arg in args:
-        if arg in _DURATION_OPTIONS:
+        if arg.startswith("--") and "=" not in arg and arg != "--":
             value = next(args, None)
             if value is not None and re.match(r"-[\d.]", value):
                 out.append(f"{arg}={value}")

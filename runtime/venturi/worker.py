@@ -360,7 +360,7 @@ class Worker(Generic[AppT]):
         self._check_pool()
         # Never run against a schema this release does not know; a database not up yet is
         # waited for, and a shutdown meanwhile ends the wait (nothing has started).
-        if not await self._checked_unless_stopped(shutdown):
+        if not await self._checked_unless_stopped(shutdown, deadline):
             logger.info("worker %s stopped before it started", self.identity)
             return
         self._started = True
@@ -549,13 +549,16 @@ class Worker(Generic[AppT]):
         )
         return [asyncio.create_task(scheduler.run(), name="venturi-scheduler")]
 
-    async def _checked_unless_stopped(self, shutdown: asyncio.Event | None) -> bool:
-        """`_check_schema()`, or False if `shutdown` is set first (the check is cancelled)."""
+    async def _checked_unless_stopped(
+        self, shutdown: asyncio.Event | None, deadline: float | None
+    ) -> bool:
+        """`_check_schema()`, or False if `shutdown` is set, or `deadline` seconds pass,
+        first (the check is then cancelled)."""
         check = asyncio.create_task(self._check_schema())
-        if shutdown is None:
+        if shutdown is None and deadline is None:
             await check
             return True
-        stopped = asyncio.create_task(shutdown.wait())
+        stopped = asyncio.create_task(_until(shutdown or asyncio.Event(), deadline))
         try:
             await asyncio.wait({check, stopped}, return_when=asyncio.FIRST_COMPLETED)
         finally:

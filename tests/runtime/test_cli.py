@@ -213,8 +213,9 @@ def test_bad_arguments_are_one_line(pg_dsn: str) -> None:
         assert run.returncode == 2 and f"argument {flag}: expected a number >= 1" in run.stderr
     run = venturi("cleanup", "--older-than", "1d", "--kind", "bad kind", dsn=pg_dsn)
     assert run.returncode == 2 and "cleanup: --kind: invalid KIND 'bad kind'" in run.stderr
-    run = venturi("jobs", "--limit", "0", dsn=pg_dsn)  # the flag named, not the API's field
-    assert run.returncode == 2 and "argument --limit: expected a number >= 1" in run.stderr
+    for limit in ("0", "-5"):  # the flag named, not the API's field
+        run = venturi("jobs", "--limit", limit, dsn=pg_dsn)
+        assert run.returncode == 2 and "argument --limit: expected a number >= 1" in run.stderr
     run = venturi("queue", "pause", "default", "--for", "0s", dsn=pg_dsn)
     assert run.returncode == 2
     assert "argument --for: expected a duration longer than 0, got '0s'" in run.stderr

@@ -75,6 +75,14 @@ async def test_backlog_counts_what_the_operator_counts(store: PostgresStore) -> 
     assert await backlog(store, "SELECT venturi_backlog(cap => NULL)") == 11  # no cap
 
 
+async def test_the_function_is_planned_for_each_calls_arguments(store: PostgresStore) -> None:
+    # A generic plan could not bound its index scans by the queue and kinds given.
+    config = await store._pool.fetchval(
+        "SELECT proconfig FROM pg_proc WHERE proname = $1", f"{store.prefix}_backlog"
+    )
+    assert config == ["plan_cache_mode=force_custom_plan"]
+
+
 async def test_a_negative_cap_is_named(store: PostgresStore) -> None:
     with pytest.raises(asyncpg.InvalidParameterValueError) as raised:
         await backlog(store, "SELECT venturi_backlog(cap => -5)")

@@ -605,6 +605,11 @@ async def test_a_shutdown_while_the_worker_waits_to_start_ends_it(
             shutdown.set()
             await asyncio.wait_for(run, 30)  # while the lock is still held
             assert not worker.ready.is_set()
+            # The same for a run bounded by max_time, without a shutdown event.
+            bounded = fast_worker(store)
+            bounded.register(Job, never_run)
+            await asyncio.wait_for(bounded.run(max_time=0.2), 30)
+            assert not bounded.ready.is_set()
     finally:
         await locker.close()
 

@@ -104,6 +104,19 @@ def test_statements_the_database_answered_and_refused_are_no_outage() -> None:
     assert outage.ongoing
 
 
+async def test_asyncpg_still_keeps_its_cancel_requests_where_the_store_waits_for_them(
+    pg_dsn: str,
+) -> None:
+    # `_db.run._reap` reads asyncpg's private `_cancellations` (the cancel request of a
+    # statement given up on); without it a given-up statement would not be cancelled on the
+    # server, and nothing else would notice.
+    conn = await asyncpg.connect(pg_dsn)
+    try:
+        assert isinstance(conn._cancellations, set)  # type: ignore[attr-defined]
+    finally:
+        await conn.close()
+
+
 def test_only_statement_errors_leave_a_connection_reusable() -> None:
     assert not breaks_connection(asyncpg.UniqueViolationError("dup"))
     assert not breaks_connection(asyncpg.DataError("bad"))

@@ -102,9 +102,9 @@ def is_configuration_error(exc: BaseException) -> bool:
 
 def waiting_cannot_mend(exc: BaseException) -> bool:
     """True for a failure to start that no wait mends: a configuration error, a server
-    certificate that does not verify, a connection setting asyncpg refuses."""
+    certificate that does not verify, a connection setting asyncpg refuses (a ValueError)."""
     return is_configuration_error(exc) or isinstance(
-        exc, (ssl.SSLCertVerificationError, asyncpg.ClientConfigurationError)
+        exc, (ssl.SSLCertVerificationError, ValueError)
     )
 
 

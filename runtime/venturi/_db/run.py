@@ -189,10 +189,12 @@ class Pooled:
 
     @asynccontextmanager
     async def _opened(self, conn: asyncpg.pool.PoolConnectionProxy[Any]) -> AsyncIterator[None]:
-        """A transaction opened by `begin`, committed, or rolled back on an error that left
-        the connection usable (a broken one is discarded by the caller)."""
-        assert self._begin is not None
-        await conn.execute(self._begin)
+        """A transaction opened by `begin` (else a plain BEGIN), committed, or rolled back on
+        an error that left the connection usable; a broken one (a statement cancelled, timed
+        out, or cut off) is discarded by the caller, which ends the transaction on the server.
+        Not asyncpg's `transaction()`: its rollback would first wait, in the caller's task and
+        without a bound, for the cancel request of a statement given up on."""
+        await conn.execute(self._begin or self._q["begin"].text)
         try:
             yield
         except BaseException as exc:
@@ -232,8 +234,7 @@ class Pooled:
         conn = await pool.acquire()
         reaped = False
         try:
-            tx = conn.transaction() if self._begin is None else self._opened(conn)
-            async with tx:
+            async with self._opened(conn):
                 yield OnConnection(conn, self._q)
         except BaseException as exc:
             reaped = discard_if_broken(pool, conn, exc)
@@ -265,9 +266,8 @@ def discard_if_broken(
     bounds its own wait, and some callers act on it (a lease about to end)."""
     if not breaks_connection(exc) or detached(conn):
         return False
-    pending = getattr(getattr(conn, "_con", None), "_cancellations", None)  # asyncpg's
-    if isinstance(exc, (asyncio.CancelledError, TimeoutError)) and pending:
-        task = asyncio.get_running_loop().create_task(_reap(pool, conn, set(pending)))
+    if isinstance(exc, (asyncio.CancelledError, TimeoutError)):
+        task = asyncio.get_running_loop().create_task(_reap(pool, conn))
         _reaping.add(task)
         task.add_done_callback(_reaping.discard)
         return True
@@ -275,19 +275,25 @@ def discard_if_broken(
     return False
 
 
-async def _reap(
-    pool: asyncpg.Pool,
-    conn: asyncpg.pool.PoolConnectionProxy[Any],
-    cancels: set[asyncio.Task[Any]],
-) -> None:
-    """Wait (at most `CANCEL_WAIT`) for the server to answer asyncpg's cancel request, then
-    terminate the connection and give it back."""
+async def _reap(pool: asyncpg.Pool, conn: asyncpg.pool.PoolConnectionProxy[Any]) -> None:
+    """Wait (at most `CANCEL_WAIT`) for the server to answer asyncpg's cancel request of the
+    connection's statement, then terminate the connection and give it back."""
     try:
-        await asyncio.wait(cancels, timeout=CANCEL_WAIT)
+        await asyncio.sleep(0)  # asyncpg sends its cancel request from a callback of its own
+        pending = getattr(getattr(conn, "_con", None), "_cancellations", None) or ()
+        if pending:
+            await asyncio.wait(set(pending), timeout=CANCEL_WAIT)
     finally:
         if not detached(conn):
             conn.terminate()
         await release(pool, conn)
+
+
+async def reaped() -> None:
+    """Until the statements given up on so far are cancelled on the server (or their
+    connections closed): at most `CANCEL_WAIT`."""
+    if _reaping:
+        await asyncio.wait(set(_reaping))
 
 
 def detached(conn: Any) -> bool:

@@ -26,6 +26,10 @@ ROLLBACK TO SAVEPOINT venturi;
 -- trip (the simple protocol, so no parameters: the store writes in the integer).
 BEGIN; SET LOCAL statement_timeout = {statement_timeout_ms};
 
+-- begin --
+-- A transaction of the store's own (see `_db.run.Pooled`).
+BEGIN;
+
 -- commit --
 COMMIT;
 
