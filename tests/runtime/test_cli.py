@@ -18,7 +18,7 @@ import asyncpg
 import pytest
 
 from venturi import JobStatus, PostgresStore, Queue
-from venturi.embedded import EmbeddedPostgres, free_port
+from venturi.embedded import EmbeddedPostgres
 
 from .cli_app import Boom, Echo
 from .helpers import until_status
@@ -140,37 +140,38 @@ async def test_worker_command_runs_and_stops_gracefully_on_sigterm(
 
 
 async def test_worker_command_waits_for_a_database_not_up_yet(pg_dsn: str) -> None:
-    port = free_port()
-    dsn = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VENTURI_", "PG"))}
-    env |= {"VENTURI_DSN": dsn}
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "venturi",
-        "worker",
-        "tests.runtime.cli_app:make_worker",
-        cwd=ROOT,
-        env=env,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    assert proc.stderr is not None
-    try:
-        first = (await asyncio.wait_for(proc.stderr.readline(), timeout=30)).decode()
-        assert "worker: the database is unavailable (connecting: " in first, first
-        assert proc.returncode is None  # waiting, not exited
-        with EmbeddedPostgres(port=port) as pg:
+    with EmbeddedPostgres() as pg:
+        # The database the worker will find once it is up: migrated, a job waiting.
+        async with await PostgresStore.connect(pg.dsn) as store:
+            await store.migrate()
+            job_id = await Queue(store).enqueue(Echo(text="late database"))
+        pg.halt("fast")
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("VENTURI_", "PG"))}
+        env |= {"VENTURI_DSN": pg.dsn}
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "venturi",
+            "worker",
+            "tests.runtime.cli_app:make_worker",
+            cwd=ROOT,
+            env=env,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        assert proc.stderr is not None
+        try:
+            first = (await asyncio.wait_for(proc.stderr.readline(), timeout=30)).decode()
+            assert "worker: the database is unavailable (connecting: " in first, first
+            assert proc.returncode is None  # waiting, not exited
+            pg.launch()
             async with await PostgresStore.connect(pg.dsn) as store:
-                await store.migrate()
-                queue = Queue(store)
-                job_id = await queue.enqueue(Echo(text="late database"))
-                await until_status(queue, job_id, JobStatus.COMPLETED)
+                await until_status(Queue(store), job_id, JobStatus.COMPLETED)
             proc.send_signal(signal.SIGTERM)
             assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
     rest = (await proc.stderr.read()).decode()
     assert rest.count("the database is unavailable") == 0  # logged once, when the wait began
     assert "worker: the database is back after" in rest and "serving ['echo']" in rest
