@@ -126,7 +126,6 @@ async def test_a_claim_behind_a_table_lock_at_shutdown_is_cancelled_not_left_to_
     out), to commit once the lock was released: jobs claimed by a worker gone, for a lease;
     and the shutdown's check for such a claim waited for the lock with no bound."""
     queue = Queue(store)
-    ids = [await queue.enqueue_in(Work(i, 0), timedelta(seconds=1)) for i in range(3)]
     worker: Worker[None] = Worker(None, store, concurrency=2, shutdown_timeout=1)
     worker.register(Work, HeldRuns(3))
     locker = await asyncpg.connect(pg_dsn)
@@ -136,6 +135,8 @@ async def test_a_claim_behind_a_table_lock_at_shutdown_is_cancelled_not_left_to_
     )
     try:
         async with running(worker) as shutdown:
+            # Due in a second: well after the lock below is taken.
+            ids = [await queue.enqueue_in(Work(i, 0), timedelta(seconds=1)) for i in range(3)]
             tx = locker.transaction()
             await tx.start()
             # Reads pass (the worker's loops go on); a claim's FOR UPDATE waits.
