@@ -290,10 +290,12 @@ async def _reap(pool: asyncpg.Pool, conn: asyncpg.pool.PoolConnectionProxy[Any])
 
 
 async def reaped() -> None:
-    """Until the statements given up on so far are cancelled on the server (or their
-    connections closed): at most `CANCEL_WAIT`."""
-    if _reaping:
-        await asyncio.wait(set(_reaping))
+    """Until the statements this event loop gave up on so far are cancelled on the server
+    (or their connections closed): at most `CANCEL_WAIT`, and a little for the closing."""
+    loop = asyncio.get_running_loop()
+    mine = {task for task in _reaping if task.get_loop() is loop}
+    if mine:
+        await asyncio.wait(mine, timeout=CANCEL_WAIT + 1.0)
 
 
 def detached(conn: Any) -> bool:
