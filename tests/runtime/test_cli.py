@@ -108,12 +108,12 @@ def test_missing_and_unreachable_database_are_one_line() -> None:
     assert bad_prefix.returncode == 2 and "invalid table prefix" in bad_prefix.stderr
 
 
-async def test_worker_command_runs_and_stops_gracefully_on_sigterm(
-    queue: Queue, pg_dsn: str
-) -> None:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VENTURI_")}
-    env |= {"VENTURI_DSN": pg_dsn, "VENTURI_PREFIX": queue.store.prefix}
-    proc = await asyncio.create_subprocess_exec(
+async def worker_process(dsn: str, prefix: str) -> asyncio.subprocess.Process:
+    """`venturi worker tests.runtime.cli_app:make_worker` on `dsn` and `prefix`, its stderr
+    piped (none of the test run's VENTURI_ or PG settings leak into it)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VENTURI_", "PG"))}
+    env |= {"VENTURI_DSN": dsn, "VENTURI_PREFIX": prefix}
+    return await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
         "venturi",
@@ -123,6 +123,12 @@ async def test_worker_command_runs_and_stops_gracefully_on_sigterm(
         env=env,
         stderr=asyncio.subprocess.PIPE,
     )
+
+
+async def test_worker_command_runs_and_stops_gracefully_on_sigterm(
+    queue: Queue, pg_dsn: str
+) -> None:
+    proc = await worker_process(pg_dsn, queue.store.prefix)
     try:
         job_id = await queue.enqueue(Echo(text="via cli"))
         await until_status(queue, job_id, JobStatus.COMPLETED)
@@ -146,18 +152,7 @@ async def test_worker_command_waits_for_a_database_not_up_yet(pg_dsn: str) -> No
             await store.migrate()
             job_id = await Queue(store).enqueue(Echo(text="late database"))
         pg.halt("fast")
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("VENTURI_", "PG"))}
-        env |= {"VENTURI_DSN": pg.dsn}
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "venturi",
-            "worker",
-            "tests.runtime.cli_app:make_worker",
-            cwd=ROOT,
-            env=env,
-            stderr=asyncio.subprocess.PIPE,
-        )
+        proc = await worker_process(pg.dsn, "venturi")
         assert proc.stderr is not None
         try:
             first = (await asyncio.wait_for(proc.stderr.readline(), timeout=30)).decode()
