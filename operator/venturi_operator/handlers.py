@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -174,6 +175,7 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
                 reconciled[key] = generation
                 interval = spec.get("interval") if isinstance(spec, dict) else None
                 seconds = float(interval) if isinstance(interval, int) else DEFAULT_INTERVAL
+                reconciler.metrics.ticked(namespace, name, at=time.time(), interval=seconds)
                 # Sooner after a scale-in that busy pods held back: an idle pod is seldom idle long.
                 seconds = cadence.next_wait(seconds, spared=spared)
                 if soon:

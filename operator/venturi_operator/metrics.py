@@ -48,6 +48,8 @@ class OperatorMetrics(Collector):
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self._snapshots: dict[tuple[str, str], Snapshot] = {}
+        self._ticks: dict[tuple[str, str], tuple[float, float]] = {}
+        """(when the last tick ended, Unix time; the JobQueue's interval) per JobQueue."""
         self._lock = threading.Lock()
         self.scale_events = Counter(
             "venturi_pool_scale_events_total",
@@ -78,10 +80,17 @@ class OperatorMetrics(Collector):
                 # Create each series at 0, so increase() also counts its first scale event.
                 self.scale_events.labels(namespace, name, pool, direction)
 
+    def ticked(self, namespace: str, name: str, *, at: float, interval: float) -> None:
+        """A tick of the JobQueue ended at `at` (Unix time), whatever it managed: a loop that
+        no longer ticks (stuck, or its daemon gone) shows as a time that stops moving."""
+        with self._lock:
+            self._ticks[(namespace, name)] = (at, interval)
+
     def forget(self, namespace: str, name: str) -> None:
         """Drop every series of a deleted JobQueue."""
         with self._lock:
             self._snapshots.pop((namespace, name), None)
+            self._ticks.pop((namespace, name), None)
         for metric in (self.scale_events, self.reconcile_duration, self.reconcile_errors):
             for labels in set(_label_sets(metric)):
                 if labels[:2] == (namespace, name):
@@ -94,9 +103,23 @@ class OperatorMetrics(Collector):
     def collect(self) -> Iterator[Metric]:
         with self._lock:
             snapshots = dict(self._snapshots)
+            ticks = dict(self._ticks)
         up = GaugeMetricFamily(
             "venturi_jobqueue_stats_up", "1 if the last tick read the queue's stats.", labels=JQ
         )
+        last_tick = GaugeMetricFamily(
+            "venturi_jobqueue_last_tick_timestamp_seconds",
+            "When the JobQueue's last reconcile tick ended (Unix time), whatever it managed.",
+            labels=JQ,
+        )
+        interval = GaugeMetricFamily(
+            "venturi_jobqueue_interval_seconds",
+            "The JobQueue's spec.interval: the most time between two ticks.",
+            labels=JQ,
+        )
+        for (ns, name), (at, every) in sorted(ticks.items()):
+            last_tick.add_metric([ns, name], at)
+            interval.add_metric([ns, name], every)
         by_kind = {
             "pending": GaugeMetricFamily(
                 "venturi_queue_pending_jobs", "Jobs eligible now, by kind.", labels=[*JQ, "kind"]
@@ -177,6 +200,8 @@ class OperatorMetrics(Collector):
                 pool["min"].add_metric(labels, p.min_replicas)
                 pool["max"].add_metric(labels, p.max_replicas)
         yield up
+        yield last_tick
+        yield interval
         yield from by_kind.values()
         yield from pool.values()
 

@@ -67,6 +67,7 @@ def test_prometheus_rule_has_the_alerts_and_labels() -> None:
     alerts = {r["alert"]: r for g in rule["spec"]["groups"] for r in g["rules"]}
     assert sorted(alerts) == [
         "VenturiDeadJobsGrowing",
+        "VenturiJobQueueNotReconciled",
         "VenturiJobQueueStatsUnavailable",
         "VenturiOldestPendingAgeAboveTarget",
         "VenturiPoolAtMaxReplicas",
@@ -83,7 +84,7 @@ def test_rendered_rules_pass_promtool_check(tmp_path: Path) -> None:
     (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": rule_groups()}))
     result = promtool("check", "rules", "rules.yaml", cwd=tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "SUCCESS: 5 rules found" in result.stdout
+    assert "SUCCESS: 6 rules found" in result.stdout
 
 
 JQ = 'jobqueue_namespace="jobs",jobqueue="myapp"'
@@ -118,6 +119,9 @@ def test_alerts_fire_on_the_operators_series(tmp_path: Path) -> None:
                 "interval": "1m",
                 "input_series": [
                     series("venturi_jobqueue_stats_up", "", "1x3 0x30"),
+                    # Ticks every minute until minute 5, then no more (interval 15 s).
+                    series("venturi_jobqueue_last_tick_timestamp_seconds", "", "0+60x5 300x30"),
+                    series("venturi_jobqueue_interval_seconds", "", "15x40"),
                     # pool "slow": oldest job 120 s over its 60 s target; pool "ok" under it.
                     series("venturi_pool_oldest_pending_age_seconds", 'pool="slow"', "120x30"),
                     series("venturi_pool_max_oldest_pending_age_seconds", 'pool="slow"', "60x30"),
@@ -145,6 +149,10 @@ def test_alerts_fire_on_the_operators_series(tmp_path: Path) -> None:
                 "alert_rule_test": [
                     alert("VenturiJobQueueStatsUnavailable", "6m"),  # down 3 min: pending
                     alert("VenturiJobQueueStatsUnavailable", "10m", jq),
+                    # Stale from 6m45s on (105 s after its last tick), firing 5 min later.
+                    alert("VenturiJobQueueNotReconciled", "5m"),
+                    alert("VenturiJobQueueNotReconciled", "10m"),
+                    alert("VenturiJobQueueNotReconciled", "13m", jq),
                     alert("VenturiOldestPendingAgeAboveTarget", "9m"),
                     alert("VenturiOldestPendingAgeAboveTarget", "12m", {**jq, "pool": "slow"}),
                     alert("VenturiPoolAtMaxReplicas", "14m"),

@@ -222,6 +222,45 @@ async def test_a_tick_that_fails_is_a_condition_and_a_warning_not_ready(
         await ready_becomes(kube, "True")
 
 
+async def test_every_tick_is_stamped_also_one_that_fails(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The end of each tick is a metric (venturi_jobqueue_last_tick_timestamp_seconds), so an
+    alert sees a loop that stopped ticking; a tick that fails still ends, and is stamped."""
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=0)
+    kube.jobqueue(NS, "mail", spec(store.prefix))
+    async with operator(kube) as reconciler:
+        stamps: asyncio.Queue[tuple[str, str, float, float]] = asyncio.Queue()
+        ticked = reconciler.metrics.ticked
+
+        def stamped(namespace: str, name: str, *, at: float, interval: float) -> None:
+            ticked(namespace, name, at=at, interval=interval)
+            stamps.put_nowait((namespace, name, at, interval))
+
+        monkeypatch.setattr(reconciler.metrics, "ticked", stamped)
+        first = await asyncio.wait_for(stamps.get(), TIMEOUT)
+        assert first[:2] == (NS, "mail") and first[3] == 1.0  # spec(): interval 1
+
+        async def failing(*args: Any, **kwargs: Any) -> TickResult:
+            raise ZeroDivisionError("float division by zero")
+
+        monkeypatch.setattr(reconciler, "_tick", failing)
+        await ready_becomes(kube, "False")  # written by a failing tick: every later one fails
+        while not stamps.empty():
+            stamps.get_nowait()
+        later = await asyncio.wait_for(stamps.get(), TIMEOUT)  # a failed tick, stamped
+        assert later[2] > first[2]
+        exposed = {
+            sample.name: sample.value
+            for family in reconciler.metrics.collect()
+            for sample in family.samples
+            if sample.labels == {"jobqueue_namespace": NS, "jobqueue": "mail"}
+        }
+        assert exposed["venturi_jobqueue_last_tick_timestamp_seconds"] >= later[2]
+        assert exposed["venturi_jobqueue_interval_seconds"] == 1.0
+
+
 async def test_pools_by_queue_scale_from_their_own_queues_jobs(
     kube: KubeHarness, store: PostgresStore, pg_dsn: str
 ) -> None:

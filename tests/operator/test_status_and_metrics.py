@@ -75,6 +75,7 @@ def _metrics() -> OperatorMetrics:
         ),
     )
     m.update("jobs", "other", Snapshot(stats_up=False))
+    m.ticked("jobs", "emails", at=1764417600.5, interval=15.0)
     m.scale_events.labels("jobs", "emails", "mailer", "up").inc()
     m.reconcile_duration.labels("jobs", "emails").observe(0.02)
     m.reconcile_errors.labels("jobs", "other", "SecretNotFound").inc()
@@ -88,6 +89,8 @@ def test_exposition_has_the_cached_values() -> None:
     assert f'venturi_pool_desired_replicas{{{emails},pool="mailer"}} 4.0' in text
     assert 'venturi_jobqueue_stats_up{jobqueue="other",jobqueue_namespace="jobs"} 0.0' in text
     assert 'venturi_pool_scale_events_total{direction="up",jobqueue="emails"' in text
+    assert f"venturi_jobqueue_last_tick_timestamp_seconds{{{emails}}} 1.7644176005e+09" in text
+    assert f"venturi_jobqueue_interval_seconds{{{emails}}} 15.0" in text
     assert "namespace=" not in text.replace("jobqueue_namespace=", "")
 
 
