@@ -100,6 +100,7 @@ REASON = re.compile(r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$")
 RFC3339 = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 ALERTS = {
     "VenturiDeadJobsGrowing",
+    "VenturiJobQueueNotReconciled",
     "VenturiJobQueueStatsUnavailable",
     "VenturiOldestPendingAgeAboveTarget",
     "VenturiPoolAtMaxReplicas",
@@ -1148,6 +1149,9 @@ def labelset(series: list[Object], *keys: str) -> set[tuple[str, ...]]:
 def test_08f_alert_expressions_return_data(prometheus: Prometheus, state: State) -> None:
     """Each alert expression as Prometheus evaluates it, over the scenario (a range query):
 
+    - false all along: JobQueueNotReconciled (each JobQueue ticks), while its left side (the
+      time since each JobQueue's last tick) returns a series per JobQueue;
+
     - true by design at some point of the scenario, so the full expression returns the series
       it should (and only those): StatsUnavailable and ReconcileErrors (the JobQueue without its
       Secret), OldestPendingAgeAboveTarget and PoolAtMaxReplicas (the backlog before the workers
@@ -1172,6 +1176,14 @@ def test_08f_alert_expressions_return_data(prometheus: Prometheus, state: State)
     got = prometheus.query_range(rules["VenturiPoolAtMaxReplicas"], start)
     assert labelset(got, *jq, "pool") == {(APPS_NS, QUEUE, DEPLOYMENT)}, got
     assert _max(got) == MAX_REPLICAS
+
+    # Never true here: both JobQueues tick every interval (the broken one's ticks fail, and
+    # are stamped too). Its left side is how long ago each JobQueue's last tick ended.
+    stale = rules["VenturiJobQueueNotReconciled"]
+    assert prometheus.query_range(stale, start) == []
+    since, _, _ = stale.partition(">")
+    got = prometheus.query_range(since, start)
+    assert labelset(got, *jq) == {(APPS_NS, QUEUE), (APPS_NS, BROKEN)}, got
 
     dead = rules["VenturiDeadJobsGrowing"]
     assert dead.rstrip().endswith("> 0"), dead
