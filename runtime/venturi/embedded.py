@@ -21,6 +21,7 @@ import contextlib
 import glob
 import os
 import pwd
+import re
 import shutil
 import signal
 import socket
@@ -345,14 +346,30 @@ def find_pgbouncer() -> Path:
     return Path(found)
 
 
+def pgbouncer_version(output: str) -> tuple[int, ...] | None:
+    """The version `pgbouncer --version` printed ("PgBouncer 1.18.0" on its first line), or
+    None if it says none."""
+    match = re.match(r"\s*PgBouncer\s+(\d+(?:\.\d+)*)", output)
+    return tuple(int(part) for part in match.group(1).split(".")) if match else None
+
+
+def pgbouncer_settings(version: tuple[int, ...] | None) -> str:
+    """Settings for the [pgbouncer] section that depend on its version: from 1.21 it can
+    track prepared statements in transaction mode (`max_prepared_statements`, on by default
+    from 1.24); turned off, so that the pooler behaves as every transaction pooler does (a
+    prepared statement is gone in the next transaction), which is what `pooler="transaction"`
+    is built and tested for."""
+    return "max_prepared_statements = 0\n" if version is not None and version >= (1, 21) else ""
+
+
 class EmbeddedPgBouncer:
     """A PgBouncer in a temporary directory, owned by this process, pooling connections to
     `server_port` on 127.0.0.1 (every database, trust authentication for `users`).
 
     `pool_mode` is "transaction" by default: a server connection is a client's only for the
-    length of a transaction, which is what venturi's `pooler="transaction"` is for. PgBouncer
-    refuses to run as root, so as root it runs as the same unprivileged user as
-    `EmbeddedPostgres`.
+    length of a transaction, which is what venturi's `pooler="transaction"` is for (with
+    prepared-statement tracking off, see `pgbouncer_settings`). PgBouncer refuses to run as
+    root, so as root it runs as the same unprivileged user as `EmbeddedPostgres`.
     """
 
     def __init__(
@@ -383,6 +400,9 @@ class EmbeddedPgBouncer:
     def start(self) -> None:
         """Write its configuration and start it; blocks until it accepts connections."""
         binary = find_pgbouncer()
+        version = subprocess.run(
+            [str(binary), "--version"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
         user = _server_user()
         self._dir = Path(tempfile.mkdtemp(prefix="venturi-pgbouncer-"))
         (self._dir / "users.txt").write_text("".join(f'"{u}" ""\n' for u in self.users))
@@ -400,6 +420,7 @@ class EmbeddedPgBouncer:
             "max_client_conn = 1000\n"
             f"logfile = {self._dir / 'pgbouncer.log'}\n"
             f"pidfile = {self._dir / 'pgbouncer.pid'}\n"
+            + pgbouncer_settings(pgbouncer_version(version))
         )
         if user is not None:
             os.chmod(self._dir, 0o755)

@@ -33,6 +33,7 @@ from venturi import (
     Worker,
 )
 from venturi._db import sql
+from venturi.embedded import pgbouncer_settings, pgbouncer_version
 
 from .cli_app import Echo
 from .helpers import running, until, until_status
@@ -94,6 +95,18 @@ async def test_the_harness_pools_by_transaction(pgbouncer_dsn: str) -> None:
     finally:
         await first.close()
         await second.close()
+
+
+def test_the_harness_turns_prepared_statement_tracking_off_where_pgbouncer_has_it() -> None:
+    """PgBouncer 1.21+ can track prepared statements in transaction mode (on by default from
+    1.24): the harness turns it off, so the test above holds, on any version."""
+    assert pgbouncer_version("PgBouncer 1.18.0\nlibevent 2.1.12-stable\n") == (1, 18, 0)
+    assert pgbouncer_version("PgBouncer 1.24.1\n") == (1, 24, 1)
+    assert pgbouncer_version("pgbouncer: unknown\n") is None
+    assert pgbouncer_settings((1, 18, 0)) == ""
+    assert pgbouncer_settings(None) == ""
+    for newer in ((1, 21, 0), (1, 24, 1), (2, 0)):
+        assert pgbouncer_settings(newer) == "max_prepared_statements = 0\n"
 
 
 async def test_statement_timeout_is_set_per_transaction(pgbouncer_dsn: str, prefix: str) -> None:
