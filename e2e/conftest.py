@@ -708,7 +708,7 @@ def operator(
     """`venturi-operator` as a local process, authenticated as the chart's ServiceAccount."""
     if not cluster_owned:
         # On a cluster with real nodes the chart's own operator pod may really run: two
-        # operators must never scale the same Deployments (the chart's Recreate strategy rule).
+        # operators must never scale the same Deployments (this one would wait for its Lease).
         kubectl.run(
             "scale", "deployment", release.fullname, "-n", release.namespace, "--replicas=0"
         )
@@ -742,6 +742,12 @@ def operator(
             f"http://127.0.0.1:{ports.operator_health}/healthz",
             "--log-level",
             "info",
+            # As the chart runs it: elected through the chart's Lease, with the chart's RBAC.
+            "--leader-elect",
+            "--leader-election-namespace",
+            release.namespace,
+            "--leader-election-name",
+            release.fullname,
         ],
         env=env,
     )

@@ -391,6 +391,10 @@ def test_02_operator_runs_with_the_chart_serviceaccount(
         ("get", "pods", "-n", APPS_NS),
         ("list", "pods", "-n", APPS_NS),
         ("patch", "pods", "-n", APPS_NS),
+        # its leader election's Lease, in its own namespace
+        ("create", "leases.coordination.k8s.io", "-n", OPERATOR_NS),
+        ("get", f"leases.coordination.k8s.io/{release.fullname}", "-n", OPERATOR_NS),
+        ("update", f"leases.coordination.k8s.io/{release.fullname}", "-n", OPERATOR_NS),
     ]
     denied = [
         ("patch", "deployments.apps", "-n", APPS_NS),  # scale subresource only
@@ -408,11 +412,30 @@ def test_02_operator_runs_with_the_chart_serviceaccount(
         ("create", "pods", "-n", APPS_NS),
         ("patch", "pods", "-n", "default"),
         ("list", "pods", "-n", OPERATOR_NS),
+        ("update", "leases.coordination.k8s.io/another", "-n", OPERATOR_NS),
+        ("get", "leases.coordination.k8s.io", "-n", APPS_NS),
     ]
     for args in allowed:
         assert can_i(kubectl, sa_kubeconfig, *args), f"the chart's RBAC should allow {args}"
     for args in denied:
         assert not can_i(kubectl, sa_kubeconfig, *args), f"the chart's RBAC allows {args}"
+
+    # The operator leads: it created the chart's Lease with that RBAC, and renews it.
+    def held() -> Object | None:
+        lease = kubectl.get("lease", release.fullname, OPERATOR_NS)
+        return lease if lease["spec"].get("holderIdentity") else None
+
+    lease = wait_until("the operator holds its Lease", held, timeout=30)
+    assert lease["spec"]["leaseDurationSeconds"] == 15
+    renewed = lease["metadata"]["resourceVersion"]
+    wait_until(
+        "the Lease renewed",
+        lambda: (
+            kubectl.get("lease", release.fullname, OPERATOR_NS)["metadata"]["resourceVersion"]
+            != renewed
+        ),
+        timeout=30,
+    )
 
     # The same, asked by the admin on the ServiceAccount's behalf (impersonation), and for
     # real: a Secret it was not given cannot be read, the one it was given can.

@@ -2,6 +2,7 @@
 
 venturi-operator --namespace jobs --metrics-port 8080 --log-level info --max-replicas 100
 venturi-operator --all-namespaces --log-format json
+venturi-operator --namespace jobs --leader-elect   # several replicas: one acts at a time
 
 Logs go to stderr, as text or JSON lines (`--log-format`, env VENTURI_LOG_FORMAT), kopf's own
 records included; a record about a JobQueue names it (`namespace`, `jobqueue`).
@@ -11,22 +12,34 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import logging
 import os
+import signal
+import socket
 import sys
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import kopf
 
 from venturi import logs
 from venturi.postgres import POOLERS
-from venturi_operator.config import DEFAULT_MAX_REPLICAS, OperatorConfig
+from venturi_operator.config import DEFAULT_MAX_REPLICAS, LeaderElection, OperatorConfig
 from venturi_operator.databases import Databases
 from venturi_operator.handlers import build_registry
 from venturi_operator.kube import Kube
+from venturi_operator.leadership import Elector, LeadershipLost, answer_liveness, lead
 from venturi_operator.metrics import OperatorMetrics
 from venturi_operator.reconcile import Reconciler
+
+logger = logging.getLogger("venturi_operator")
+
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+"""Where a pod reads its own namespace (the Lease's default namespace)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -86,6 +99,22 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[OperatorConfig, Loggi
         default=DEFAULT_MAX_REPLICAS,
         help="refuse to scale a pool whose maxReplicas is above this (default %(default)s)",
     )
+    parser.add_argument(
+        "--leader-elect",
+        action="store_true",
+        help="run as one of several replicas: they elect a leader through a Lease, and only "
+        "it acts (the others wait to take over)",
+    )
+    parser.add_argument(
+        "--leader-election-namespace",
+        default=os.environ.get("POD_NAMESPACE", ""),
+        help="the Lease's namespace (default: env POD_NAMESPACE, else the pod's own)",
+    )
+    parser.add_argument(
+        "--leader-election-name",
+        default="venturi-operator",
+        help="the Lease's name (default %(default)s): replicas that share it elect one leader",
+    )
     args = parser.parse_args(argv)
     if not 1 <= args.max_replicas <= 2**31 - 1:
         parser.error(f"--max-replicas: expected 1 to {2**31 - 1}, got {args.max_replicas}")
@@ -98,7 +127,21 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[OperatorConfig, Loggi
         parser.error(f"--log-format: expected text or json, got {args.log_format!r}")
     if args.pooler not in POOLERS:
         parser.error(f"--pooler: expected none or transaction, got {args.pooler!r}")
+    election = None
+    if args.leader_elect:
+        namespace = args.leader_election_namespace or _own_namespace()
+        if not namespace:
+            parser.error(
+                "--leader-elect: give the Lease's namespace (--leader-election-namespace, or "
+                "env POD_NAMESPACE): not in a pod, there is no namespace of its own"
+            )
+        election = LeaderElection(
+            namespace=namespace,
+            name=args.leader_election_name,
+            identity=f"{os.environ.get('POD_NAME') or socket.gethostname()}_{uuid.uuid4().hex[:8]}",
+        )
     config = OperatorConfig(
+        leader_election=election,
         namespaces=tuple(args.namespace),
         metrics_port=args.metrics_port or None,
         metrics_host=args.metrics_host,
@@ -109,27 +152,80 @@ def parse_args(argv: Sequence[str] | None = None) -> tuple[OperatorConfig, Loggi
     return config, Logging(args.log_format, args.log_level.lower())
 
 
+def _own_namespace() -> str:
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip()
+    except OSError:
+        return ""
+
+
 async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None:
-    """Run until `stop` is set (or the process is signalled)."""
+    """Run until `stop` is set (or the process is signalled). With leader election, wait to
+    lead first; raises `LeadershipLost` if the lease is lost while leading (the process then
+    exits, and its restart waits as a follower)."""
     metrics = OperatorMetrics()
     if config.metrics_port is not None:
         metrics.serve(config.metrics_port, config.metrics_host)
+    kube = Kube.from_environment()
     databases = Databases(config)
-    reconciler = Reconciler(
-        Kube.from_environment(), databases, metrics, max_replicas=config.max_replicas
-    )
+    reconciler = Reconciler(kube, databases, metrics, max_replicas=config.max_replicas)
     registry = build_registry(reconciler)
-    try:
+    election = config.leader_election
+    stopping = stop if stop is not None else asyncio.Event()
+
+    async def operate() -> None:
         await kopf.operator(
             registry=registry,
             standalone=True,
             clusterwide=not config.namespaces,
             namespaces=list(config.namespaces),
             liveness_endpoint=config.liveness_endpoint,
-            stop_flag=stop,
+            stop_flag=stopping,
         )
+
+    try:
+        if election is None:
+            metrics.leader.set(1)
+            await operate()
+            return
+        elector = Elector(kube, election.namespace, election.name, election.identity)
+
+        @kopf.on.cleanup(registry=registry)
+        async def give_up_the_lease(**_: Any) -> None:
+            # As soon as the JobQueue loops have stopped (a SIGTERM), not after the rest of
+            # kopf's shutdown: a follower takes over at its next look.
+            await elector.release()
+
+        metrics.leader.set(0)
+        # kopf answers the liveness probe and handles SIGTERM once it runs; until then, this.
+        with _signals(stopping, installed=stop is None):
+            async with answer_liveness(config.liveness_endpoint):
+                if not await elector.acquire(stopping):
+                    return
+        metrics.leader.set(1)
+        try:
+            await lead(elector, operate(), stopping)
+        finally:
+            metrics.leader.set(0)
+            await elector.release()
     finally:
         await databases.close()
+
+
+@contextlib.contextmanager
+def _signals(stop: asyncio.Event, *, installed: bool) -> Iterator[None]:
+    """SIGTERM and SIGINT set `stop` (only when `installed`: the process's own loop)."""
+    if not installed:
+        yield
+        return
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        yield
+    finally:
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(sig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -143,6 +239,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         asyncio.run(run(config))
     except KeyboardInterrupt:
         return 130
+    except LeadershipLost:
+        return 1  # restarted, it waits as a follower
     return 0
 
 

@@ -11,6 +11,19 @@ DEFAULT_MAX_REPLICAS = 100
 
 
 @dataclass(frozen=True, kw_only=True)
+class LeaderElection:
+    """Elect one leader among the operator's replicas (see `leadership`): only it acts."""
+
+    namespace: str
+    """Where the Lease is: the operator's own namespace."""
+    name: str = "venturi-operator"
+    """The Lease's name: replicas that share it elect one leader among them."""
+    identity: str
+    """This replica's name in the Lease: its pod's, and a suffix of its own, so that a
+    restarted container is not taken for the leader it was."""
+
+
+@dataclass(frozen=True, kw_only=True)
 class OperatorConfig:
     namespaces: tuple[str, ...] = field(default_factory=tuple)
     """Namespaces to watch; empty means every namespace (cluster-wide)."""
@@ -32,6 +45,8 @@ class OperatorConfig:
     """"transaction" when the queues' DSNs go through PgBouncer (or another pooler) in
     transaction mode (`PostgresStore.connect(pooler=)`): the operator then keeps no session
     state and does not LISTEN, so pools wake on their `interval` only, not on NOTIFY."""
+    leader_election: LeaderElection | None = None
+    """Elect a leader among replicas through a Lease (None: act alone, as one replica)."""
     max_replicas: int = DEFAULT_MAX_REPLICAS
     """The most replicas any pool may ask for: a pool whose maxReplicas is higher is not
     scaled at all. Whoever may create a JobQueue must not be able to order unbounded pods."""

@@ -50,7 +50,7 @@ def build_registry(reconciler: Reconciler) -> kopf.OperatorRegistry:
 
     @kopf.on.startup(registry=registry)
     async def configure(settings: kopf.OperatorSettings, **_: Any) -> None:
-        settings.peering.standalone = True  # one replica, Recreate: no peering objects
+        settings.peering.standalone = True  # no peering objects: the Lease elects (leadership)
         settings.posting.level = logging.WARNING  # our own Events only, not every log line
         settings.persistence.finalizer = f"{GROUP}/operator"
         settings.watching.server_timeout = 300

@@ -12,6 +12,7 @@ import hashlib
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 import kopf
@@ -64,6 +65,18 @@ class DeploymentState:
     a `kubectl rollout restart`, not with a scale."""
 
 
+@dataclass(frozen=True, kw_only=True)
+class LeaseState:
+    """A Lease as leader election reads it."""
+
+    holder: str | None
+    version: str
+    """metadata.resourceVersion: it changes with every write, so a renewal is seen as one."""
+    transitions: int
+    acquired: datetime | None
+    """spec.acquireTime: when the holder took it."""
+
+
 REQUEST_TIMEOUT = (5.0, 20.0)
 """Seconds to connect to the API server, and to wait for its reply, per request: an API
 server that accepted a connection and then stopped answering would otherwise hold the
@@ -83,6 +96,7 @@ class Kube:
         self._apps = client.AppsV1Api(api)
         self._autoscaling = client.AutoscalingV2Api(api)
         self._custom = client.CustomObjectsApi(api)
+        self._coordination = client.CoordinationV1Api(api)
 
     @classmethod
     def from_environment(cls) -> Kube:
@@ -298,6 +312,72 @@ class Kube:
             if exc.status == 404:
                 return  # deleted meanwhile: nothing to report on
             raise _error(exc, f"patching status of JobQueue {namespace}/{name}") from None
+
+    async def lease(self, namespace: str, name: str) -> LeaseState | None:
+        """The Lease `namespace/name` (None: there is none)."""
+        doing = f"reading Lease {namespace}/{name}"
+        try:
+            lease = await self._call(
+                doing, self._coordination.read_namespaced_lease, name, namespace
+            )
+        except ApiException as exc:
+            if exc.status == 404:
+                return None
+            raise _error(exc, doing) from None
+        spec = lease.spec or client.V1LeaseSpec()
+        meta = lease.metadata or client.V1ObjectMeta()
+        return LeaseState(
+            holder=spec.holder_identity or None,
+            version=str(meta.resource_version),
+            transitions=int(spec.lease_transitions or 0),
+            acquired=spec.acquire_time,
+        )
+
+    async def create_lease(self, namespace: str, name: str, holder: str, seconds: int) -> None:
+        """Create the Lease, held by `holder` from now (409 Conflict: it exists)."""
+        now = datetime.now(UTC)
+        body = client.V1Lease(
+            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
+            spec=client.V1LeaseSpec(
+                holder_identity=holder,
+                lease_duration_seconds=seconds,
+                acquire_time=now,
+                renew_time=now,
+                lease_transitions=0,
+            ),
+        )
+        doing = f"creating Lease {namespace}/{name}"
+        try:
+            await self._call(doing, self._coordination.create_namespaced_lease, namespace, body)
+        except ApiException as exc:
+            raise _error(exc, doing) from None
+
+    async def write_lease(
+        self, namespace: str, name: str, seen: LeaseState, *, holder: str | None, seconds: int
+    ) -> None:
+        """Write the Lease as renewed now by `holder` (None: given up), unless it changed since
+        `seen` was read (409 Conflict: another replica wrote it first)."""
+        now = datetime.now(UTC)
+        taken = holder != seen.holder
+        body = client.V1Lease(
+            metadata=client.V1ObjectMeta(
+                name=name, namespace=namespace, resource_version=seen.version
+            ),
+            spec=client.V1LeaseSpec(
+                holder_identity=holder,
+                lease_duration_seconds=seconds,
+                acquire_time=now if taken or seen.acquired is None else seen.acquired,
+                renew_time=now,
+                lease_transitions=seen.transitions + (1 if taken and holder else 0),
+            ),
+        )
+        doing = f"writing Lease {namespace}/{name}"
+        try:
+            await self._call(
+                doing, self._coordination.replace_namespaced_lease, name, namespace, body
+            )
+        except ApiException as exc:
+            raise _error(exc, doing) from None
 
 
 def _selector(selector: Any) -> str | None:

@@ -13,7 +13,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
@@ -62,6 +62,11 @@ class OperatorMetrics(Collector):
             "Time one reconcile tick of a JobQueue took.",
             JQ,
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=self.registry,
+        )
+        self.leader = Gauge(
+            "venturi_operator_leader",
+            "1 while this operator replica acts (leads, with --leader-elect), 0 while it waits.",
             registry=self.registry,
         )
         self.reconcile_errors = Counter(

@@ -49,6 +49,17 @@ EXPECTED_RULES = sorted(
 )
 
 
+ELECTION = "venturi-leader-election"
+"""The leader election's Role and RoleBinding (in the release's namespace), by name."""
+
+
+def watched(docs: list[Object], kind: str) -> list[Object]:
+    """The Roles (or RoleBindings) of the watched namespaces: every one but the election's."""
+    return [
+        d for d in of_kind(docs, kind) if not d["metadata"]["name"].endswith("-leader-election")
+    ]
+
+
 def flat_rules(role: Object) -> list[tuple[str, str, tuple[str, ...]]]:
     out = []
     for rule in role["rules"]:
@@ -101,6 +112,8 @@ def test_default_objects() -> None:
         "Deployment",
         "NetworkPolicy",
         "Role",
+        "Role",  # the leader election's, in the release's namespace
+        "RoleBinding",
         "RoleBinding",
         "Service",
         "ServiceAccount",
@@ -112,7 +125,11 @@ def test_operator_deployment() -> None:
     deployment = one(docs, "Deployment")
     spec = deployment["spec"]
     assert spec["replicas"] == 1
-    assert spec["strategy"] == {"type": "Recreate"}
+    # A new pod waits for the lease (it follows) until the old one gives it up.
+    assert spec["strategy"] == {
+        "type": "RollingUpdate",
+        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
+    }
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
     assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
@@ -126,7 +143,11 @@ def test_operator_deployment() -> None:
         "--liveness=http://0.0.0.0:8081/healthz",
         "--log-level=info",
         "--log-format=text",
+        "--leader-elect",
+        "--leader-election-name=venturi",
     ]
+    env = {e["name"]: e["valueFrom"]["fieldRef"]["fieldPath"] for e in container["env"]}
+    assert env == {"POD_NAMESPACE": "metadata.namespace", "POD_NAME": "metadata.name"}
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": 8080, "healthz": 8081}
     for probe in ("livenessProbe", "startupProbe"):
@@ -159,7 +180,7 @@ def test_security_context_is_restricted() -> None:
 
 def test_cluster_wide_rbac_only_when_asked() -> None:
     docs = render({"operator": {"watchNamespaces": [], "watchAllNamespaces": True}})
-    assert of_kind(docs, "Role") == [] and of_kind(docs, "RoleBinding") == []
+    assert watched(docs, "Role") == [] and watched(docs, "RoleBinding") == []
     role = one(docs, "ClusterRole")
     assert flat_rules(role) == EXPECTED_RULES
     assert secrets_rule(role)["resourceNames"] == ["venturi-db"]  # by name, even cluster-wide
@@ -184,11 +205,11 @@ def secrets_rule(role: Object) -> Object:
 def test_watched_namespaces_get_roles_and_flags() -> None:
     docs = render({"operator": {"watchNamespaces": ["jobs", "batch"]}})
     assert of_kind(docs, "ClusterRole") == [] and of_kind(docs, "ClusterRoleBinding") == []
-    roles = of_kind(docs, "Role")
+    roles = watched(docs, "Role")
     assert sorted(r["metadata"]["namespace"] for r in roles) == ["batch", "jobs"]
     for role in roles:
         assert flat_rules(role) == EXPECTED_RULES
-    bindings = of_kind(docs, "RoleBinding")
+    bindings = watched(docs, "RoleBinding")
     assert sorted(b["metadata"]["namespace"] for b in bindings) == ["batch", "jobs"]
     for binding in bindings:
         assert binding["roleRef"]["kind"] == "Role"
@@ -200,7 +221,7 @@ def test_watched_namespaces_get_roles_and_flags() -> None:
 
 def test_secret_names_restrict_only_the_secrets_rule() -> None:
     docs = render({"rbac": {"secretNames": ["db-a", "db-b"]}})
-    [role] = of_kind(docs, "Role")
+    [role] = watched(docs, "Role")
     restricted = [r for r in role["rules"] if "resourceNames" in r]
     assert restricted == [
         {
@@ -215,7 +236,7 @@ def test_secret_names_restrict_only_the_secrets_rule() -> None:
 
 def test_every_secret_only_when_asked() -> None:
     docs = render({"rbac": {"secretNames": [], "readAllSecrets": True}})
-    [role] = of_kind(docs, "Role")
+    [role] = watched(docs, "Role")
     assert "resourceNames" not in secrets_rule(role)
     assert flat_rules(role) == EXPECTED_RULES
 
@@ -292,7 +313,11 @@ def test_every_object_has_the_recommended_labels() -> None:
 def test_names_follow_the_release() -> None:
     docs = render({"fullnameOverride": "jobs-operator"})
     assert one(docs, "Deployment")["metadata"]["name"] == "jobs-operator"
-    assert one(docs, "Role")["metadata"]["name"] == "jobs-operator"
+    assert [r["metadata"]["name"] for r in of_kind(docs, "Role")] == [
+        "jobs-operator",
+        "jobs-operator-leader-election",
+    ]
+    assert "--leader-election-name=jobs-operator" in operator_container(docs)["args"]
 
 
 def test_escape_hatches_reach_the_pod() -> None:
@@ -319,7 +344,7 @@ def test_escape_hatches_reach_the_pod() -> None:
     assert container["image"] == "registry.example/venturi:1.2.3"
     assert container["imagePullPolicy"] == "Always"
     assert pod["imagePullSecrets"] == [{"name": "regcred"}]
-    assert container["env"] == values["extraEnv"]
+    assert container["env"][2:] == values["extraEnv"]  # after the election's two
     assert template["metadata"]["annotations"] == {"example.com/team": "jobs"}
     assert pod["nodeSelector"] == values["nodeSelector"]
     assert pod["tolerations"] == values["tolerations"]
@@ -383,3 +408,39 @@ def test_notes_print_a_ready_to_apply_jobqueue(tmp_path: Path) -> None:
     assert jobqueue["apiVersion"] == "venturi.dev/v1alpha1" and jobqueue["kind"] == "JobQueue"
     assert jobqueue["metadata"]["namespace"] == "jobs"
     parse_spec(jobqueue["spec"])  # the operator's own backstop validation of the CRD's rules
+
+
+def test_the_leader_election_may_write_its_lease_only() -> None:
+    docs = render({"operator": {"watchNamespaces": ["jobs"]}})
+    [role] = [r for r in of_kind(docs, "Role") if r["metadata"]["name"] == ELECTION]
+    assert role["metadata"]["namespace"] == NAMESPACE  # the release's, not a watched one
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["create"]},
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": ["venturi"],
+            "verbs": ["get", "update"],
+        },
+    ]
+    [binding] = [b for b in of_kind(docs, "RoleBinding") if b["metadata"]["name"] == ELECTION]
+    assert binding["metadata"]["namespace"] == NAMESPACE
+    assert binding["roleRef"]["name"] == ELECTION
+    account = one(docs, "ServiceAccount")["metadata"]["name"]
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
+    ]
+
+
+def test_replicas_need_the_leader_election() -> None:
+    docs = render({"operator": {"replicas": 2}})
+    assert one(docs, "Deployment")["spec"]["replicas"] == 2
+    alone = render({"operator": {"leaderElection": False}})
+    deployment = one(alone, "Deployment")["spec"]
+    assert deployment["strategy"] == {"type": "Recreate"}
+    container = operator_container(alone)
+    assert not any(a.startswith("--leader-elect") for a in container["args"])
+    assert "env" not in container
+    assert [r["metadata"]["name"] for r in of_kind(alone, "Role")] == ["venturi"]
+    with pytest.raises(HelmError, match=r"replicas above 1 needs operator\.leaderElection"):
+        template_text({"operator": {"replicas": 2, "leaderElection": False}})

@@ -10,10 +10,12 @@ import logging
 import os
 import signal
 import sys
+import urllib.request
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -21,6 +23,7 @@ import pytest
 from kube_harness import (
     DEPLOYMENTS,
     JOBQUEUES,
+    LEASES,
     PODS,
     SECRETS,
     KubeHarness,
@@ -29,6 +32,8 @@ from kube_harness import (
 )
 
 from venturi import Context, Outcome, PostgresStore, Queue, Task, Worker, WorkerIdentity
+from venturi.embedded import free_port
+from venturi_operator import __main__ as cli
 from venturi_operator import scalein
 from venturi_operator import status as status_conditions
 from venturi_operator.__main__ import JsonFormatter as OperatorJsonFormatter
@@ -38,6 +43,7 @@ from venturi_operator.config import OperatorConfig
 from venturi_operator.databases import DatabaseError, Databases
 from venturi_operator.handlers import build_registry
 from venturi_operator.kube import SCALE_ANNOTATION, Kube, KubeError, PodState
+from venturi_operator.leadership import LEASE_SECONDS
 from venturi_operator.metrics import OperatorMetrics
 from venturi_operator.reconcile import Reconciler, TickResult
 
@@ -805,6 +811,86 @@ async def test_the_operator_command_logs_json_lines_once_each(
     assert about == {"mail", "bad"}, about
 
 
+async def test_two_operators_elect_one_leader_and_the_other_takes_over_from_a_killed_one(
+    kube: KubeHarness, store: PostgresStore, pg_dsn: str, tmp_path: Path
+) -> None:
+    """Two `venturi-operator --leader-elect` processes: one leads and scales, the other waits
+    (its liveness endpoint answering, its leader gauge at 0); the leader SIGKILLed, the other
+    takes the lease once it has gone unrenewed for its 15 s, and scales; stopped, it gives
+    the lease up."""
+    kube.namespace("venturi-system")
+    kube.secret(NS, "db", string_data={"dsn": pg_dsn})
+    worker(kube, "mailer", "mail", replicas=0)
+    kube.jobqueue(NS, "mail", spec(store.prefix))
+    queue = Queue(store)
+    await queue.enqueue(Mail())
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("VENTURI_", "KUBE", "POD_"))}
+    env |= {"KUBECONFIG": str(kube.kubeconfig_path), "POD_NAMESPACE": "venturi-system"}
+    procs: dict[str, asyncio.subprocess.Process] = {}
+    ports: dict[str, tuple[int, int]] = {}
+    for name in ("op-a", "op-b"):
+        ports[name] = (free_port(), free_port())
+        with (tmp_path / f"{name}.log").open("wb") as log:  # the process keeps its own copy
+            procs[name] = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "venturi_operator",
+                f"--namespace={NS}",
+                "--leader-elect",
+                f"--metrics-port={ports[name][0]}",
+                "--metrics-host=127.0.0.1",
+                f"--liveness=http://127.0.0.1:{ports[name][1]}/healthz",
+                env=env | {"POD_NAME": name},
+                stdout=log,
+                stderr=log,
+            )
+
+    def lease_holder() -> str | None:
+        found = kube.find(LEASES, "venturi-system", "venturi-operator")
+        return (found or {}).get("spec", {}).get("holderIdentity")
+
+    async def get(port: int, path: str) -> str:
+        def fetch() -> str:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                body: bytes = r.read()
+                return body.decode()
+
+        return await asyncio.to_thread(fetch)
+
+    try:
+        holder = await kube.wait_until(lease_holder, timeout=TIMEOUT)
+        leader = holder.split("_")[0]
+        follower = "op-b" if leader == "op-a" else "op-a"
+        await replicas_become(kube, "mailer", 1)  # the leader acts
+        assert "venturi_operator_leader 1.0" in await get(ports[leader][0], "/metrics")
+        assert "venturi_operator_leader 0.0" in await get(ports[follower][0], "/metrics")
+        assert "following" in await get(ports[follower][1], "/healthz")
+
+        procs[leader].kill()  # SIGKILL: no lease given up
+        await procs[leader].wait()
+        await queue.enqueue_many(Mail() for _ in range(24))  # 25 outstanding: 3 replicas
+        taken = await kube.wait_until(
+            lambda: (h := lease_holder()) is not None and h.startswith(follower) and h,
+            timeout=LEASE_SECONDS + 3 * TIMEOUT,
+        )
+        await replicas_become(kube, "mailer", 3)  # the new leader acts
+        lease = kube.get(LEASES, "venturi-system", "venturi-operator")
+        assert lease["spec"]["leaseTransitions"] == 1
+        assert "venturi_operator_leader 1.0" in await get(ports[follower][0], "/metrics")
+
+        procs[follower].send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(procs[follower].wait(), TIMEOUT) == 0
+        assert lease_holder() is None, taken  # given up: a successor need not wait it out
+    finally:
+        for proc in procs.values():
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+    logs = {name: (tmp_path / f"{name}.log").read_text() for name in procs}
+    assert "following: Lease venturi-system/venturi-operator is held by" in logs[follower]
+    assert "leading: Lease venturi-system/venturi-operator is now held by" in logs[follower]
+
+
 def test_log_options_come_from_flags_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert parse_args(["-n", NS])[1] == Logging("text", "info")
     monkeypatch.setenv("VENTURI_LOG_FORMAT", "json")
@@ -816,6 +902,34 @@ def test_log_options_come_from_flags_or_the_environment(monkeypatch: pytest.Monk
     monkeypatch.setenv("VENTURI_LOG_LEVEL", "loud")
     with pytest.raises(SystemExit):
         parse_args(["-n", NS])
+
+
+def test_leader_election_takes_its_namespace_from_a_flag_the_environment_or_the_pod(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.delenv("POD_NAMESPACE", raising=False)
+    monkeypatch.setenv("POD_NAME", "venturi-7d9f-abcde")
+    monkeypatch.setattr(cli, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "absent")
+    assert parse_args(["-n", NS])[0].leader_election is None  # off unless asked
+    with pytest.raises(SystemExit):  # not in a pod, and not told: refused, not guessed
+        parse_args(["-n", NS, "--leader-elect"])
+    (tmp_path / "namespace").write_text("ops\n")
+    monkeypatch.setattr(cli, "SERVICE_ACCOUNT_NAMESPACE", tmp_path / "namespace")
+    first = parse_args(["-n", NS, "--leader-elect"])[0].leader_election
+    assert first is not None and (first.namespace, first.name) == ("ops", "venturi-operator")
+    monkeypatch.setenv("POD_NAMESPACE", "venturi-system")
+    again = parse_args(["-n", NS, "--leader-elect", "--leader-election-name=mine"])[0]
+    assert again.leader_election is not None
+    assert (again.leader_election.namespace, again.leader_election.name) == (
+        "venturi-system",
+        "mine",
+    )
+    # The pod's name, and a suffix of its own: a restarted container is not the leader it was.
+    assert first.identity.startswith("venturi-7d9f-abcde_")
+    assert again.leader_election.identity.startswith("venturi-7d9f-abcde_")
+    assert first.identity != again.leader_election.identity
+    flagged = parse_args(["-n", NS, "--leader-elect", "--leader-election-namespace=x"])[0]
+    assert flagged.leader_election is not None and flagged.leader_election.namespace == "x"
 
 
 def test_the_pooler_comes_from_a_flag_or_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:

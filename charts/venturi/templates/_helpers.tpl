@@ -152,6 +152,9 @@ venturi.validate: value combinations the schema cannot express fail here, loudly
 {{- fail "rbac.secretNames is required: the Secrets the operator may read, the spec.database.secretName of every JobQueue, for example --set 'rbac.secretNames={venturi-db}' (or rbac.readAllSecrets=true to let it read every Secret in the watched namespaces)" }}
 {{- end }}
 {{- end }}
+{{- if and (gt (int $op.replicas) 1) (not $op.leaderElection) }}
+{{- fail "operator.replicas above 1 needs operator.leaderElection=true: without an election every replica would scale the same Deployments" }}
+{{- end }}
 {{- if and .Values.monitoring.serviceMonitor.enabled .Values.monitoring.podMonitor.enabled }}
 {{- fail "monitoring.serviceMonitor.enabled and monitoring.podMonitor.enabled cannot both be true: Prometheus would scrape the operator twice" }}
 {{- end }}

@@ -1,0 +1,150 @@
+"""Leader election among operator replicas: the rule as a plain function, and electors
+against an API server (the harness's, with its optimistic concurrency), on clocks the test
+moves."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+from unittest.mock import AsyncMock
+
+import kmock
+import pytest
+from kube_harness import LEASES, KubeHarness, kube_fixture
+
+from venturi_operator.kube import Kube, LeaseState
+from venturi_operator.leadership import Elector, LeadershipLost, step
+
+kube = pytest.fixture(kube_fixture, name="kube")
+
+NS = "venturi-system"
+
+
+def lease(holder: str | None, version: str = "7") -> LeaseState:
+    return LeaseState(holder=holder, version=version, transitions=0, acquired=None)
+
+
+def test_the_rule() -> None:
+    assert step(None, "a", unchanged_for=None, lease_seconds=15) == "create"
+    assert step(lease("a"), "a", unchanged_for=99, lease_seconds=15) == "renew"
+    assert step(lease(None), "b", unchanged_for=0, lease_seconds=15) == "take"  # given up
+    assert step(lease("a"), "b", unchanged_for=None, lease_seconds=15) == "wait"
+    assert step(lease("a"), "b", unchanged_for=14.9, lease_seconds=15) == "wait"
+    assert step(lease("a"), "b", unchanged_for=15, lease_seconds=15) == "take"  # a stopped
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def api(kube: KubeHarness) -> Iterator[Kube]:
+    kube.namespace(NS)
+    client = kube.api_client()
+    try:
+        yield Kube(client)
+    finally:
+        client.close()
+
+
+def elector(api: Kube, identity: str, clock: Clock) -> Elector:
+    return Elector(api, NS, "venturi-operator", identity, clock=clock, retry_seconds=0.01)
+
+
+def holder(kube: KubeHarness) -> str | None:
+    found = kube.get(LEASES, NS, "venturi-operator")
+    return found["spec"].get("holderIdentity")
+
+
+async def test_one_leads_and_another_takes_over_once_it_stops_renewing(
+    kube: KubeHarness, api: Kube
+) -> None:
+    a_clock, b_clock = Clock(), Clock()
+    a, b = elector(api, "a", a_clock), elector(api, "b", b_clock)
+    assert await a.look()  # no lease yet: created, held by a
+    assert holder(kube) == "a"
+    assert not await b.look()
+    assert b.holder == "a"
+    b_clock.now += 14
+    assert await a.look()  # renewed...
+    assert not await b.look()  # ...b sees it change, and counts again from now
+    b_clock.now += 14
+    assert not await b.look()  # 28 s since b first looked, 14 since it saw a change
+    b_clock.now += 1
+    assert await b.look()  # a has not renewed for 15 s on b's clock: b takes it
+    assert holder(kube) == "b"
+    assert kube.get(LEASES, NS, "venturi-operator")["spec"]["leaseTransitions"] == 1
+    assert not await a.look()  # a sees b hold it: a renews nothing
+    with pytest.raises(LeadershipLost, match="held by b"):
+        await asyncio.wait_for(a.hold(asyncio.Event()), 5)
+
+
+async def test_a_leader_that_stops_gives_the_lease_up(kube: KubeHarness, api: Kube) -> None:
+    a, b = elector(api, "a", Clock()), elector(api, "b", Clock())
+    stop = asyncio.Event()
+    assert await a.acquire(stop)
+    assert not await b.look()
+    await a.release()
+    assert holder(kube) is None
+    assert await b.look()  # at once, not a lease later
+
+
+async def test_of_two_that_take_a_lease_at_once_one_wins(
+    kube: KubeHarness, api: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    b_clock, c_clock = Clock(), Clock()
+    c_client = kube.api_client()
+    c_api = Kube(c_client)
+    a, b, c = elector(api, "a", Clock()), elector(api, "b", b_clock), elector(c_api, "c", c_clock)
+    try:
+        assert await a.look()
+        assert not await b.look()  # b and c both see a's lease...
+        assert not await c.look()
+        seen = await c_api.lease(NS, "venturi-operator")
+        b_clock.now += 15
+        c_clock.now += 15
+        assert await b.look()  # ...expire; b takes it
+        # c read it before b's write, and writes after it: against a replaced version (409).
+        stale = AsyncMock(return_value=seen)
+        monkeypatch.setattr(c_api, "lease", stale)
+        assert not await c.look()
+        stale.assert_awaited_once()
+        assert holder(kube) == "b"
+    finally:
+        c_client.close()
+
+
+async def test_a_leader_that_cannot_renew_stops_leading_within_the_deadline(
+    kube: KubeHarness, api: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    clock = Clock()
+    a = elector(api, "a", clock)
+    assert await a.acquire(asyncio.Event())
+    # Every renewal refused from now on (an API server in trouble): the renewals fail...
+    writes = kube.emulator[kmock.method.PUT, kmock.resource(LEASES)]
+    writes << kmock.KubernetesError(status=503, reason="ServiceUnavailable", message="later")
+    failed, twice = 0, asyncio.Event()
+    write = api.write_lease
+
+    async def counted(*args: Any, **kwargs: Any) -> None:
+        nonlocal failed
+        try:
+            await write(*args, **kwargs)
+        finally:
+            failed += 1
+            if failed >= 2:
+                twice.set()
+
+    monkeypatch.setattr(api, "write_lease", counted)
+    holding = asyncio.create_task(a.hold(asyncio.Event()))
+    await asyncio.wait_for(twice.wait(), 10)  # ...tried again, and again
+    assert not holding.done()  # within the renew deadline: still leading
+    clock.now += 10  # the deadline passes without a renewal
+    with pytest.raises(LeadershipLost, match="not renewed for 10s"):
+        await asyncio.wait_for(holding, 5)
+    assert holder(kube) == "a"  # unrenewed: another takes it once it expires
