@@ -171,29 +171,32 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
     reconciler = Reconciler(kube, databases, metrics, max_replicas=config.max_replicas)
     registry = build_registry(reconciler)
     election = config.leader_election
-    stopping = stop if stop is not None else asyncio.Event()
 
-    async def operate() -> None:
+    async def operate(flag: asyncio.Event | None) -> None:
         await kopf.operator(
             registry=registry,
             standalone=True,
             clusterwide=not config.namespaces,
             namespaces=list(config.namespaces),
             liveness_endpoint=config.liveness_endpoint,
-            stop_flag=stopping,
+            stop_flag=flag,
         )
 
     try:
         if election is None:
             metrics.leader.set(1)
-            await operate()
+            await operate(stop)
             return
         elector = Elector(kube, election.namespace, election.name, election.identity)
+        # Also what stops kopf when the lease is lost.
+        stopping = stop if stop is not None else asyncio.Event()
 
         @kopf.on.cleanup(registry=registry)
         async def give_up_the_lease(**_: Any) -> None:
             # As soon as the JobQueue loops have stopped (a SIGTERM), not after the rest of
-            # kopf's shutdown: a follower takes over at its next look.
+            # kopf's shutdown: a follower takes over at its next look. Setting the flag ends
+            # kopf's own wait on it (it would wait 5 s for that task).
+            stopping.set()
             await elector.release()
 
         metrics.leader.set(0)
@@ -204,7 +207,7 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
                     return
         metrics.leader.set(1)
         try:
-            await lead(elector, operate(), stopping)
+            await lead(elector, operate(stopping), stopping)
         finally:
             metrics.leader.set(0)
             await elector.release()
