@@ -762,9 +762,13 @@ def operator(
             proc.alive(),
             lambda: f"venturi-operator exited ({proc.popen.returncode}):\n{proc.tail()}",
         )
-        return http_get(op.health_url)[0] == 200 and http_get(op.metrics_url)[0] == 200
+        if http_get(op.health_url)[0] != 200:
+            return False
+        status, body = http_get(op.metrics_url)
+        # A follower answers /healthz too: the operator acts once it leads.
+        return status == 200 and "venturi_operator_leader 1.0" in body
 
-    wait_until("operator /healthz and /metrics answer", healthy, timeout=60)
+    wait_until("operator /healthz and /metrics answer, and it leads", healthy, timeout=60)
     try:
         yield op
     finally:

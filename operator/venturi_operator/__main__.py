@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import logging
 import os
 import signal
 import socket
 import sys
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,13 @@ from venturi_operator.config import DEFAULT_MAX_REPLICAS, LeaderElection, Operat
 from venturi_operator.databases import Databases
 from venturi_operator.handlers import build_registry
 from venturi_operator.kube import Kube
-from venturi_operator.leadership import Elector, LeadershipLost, answer_liveness, lead
+from venturi_operator.leadership import (
+    SETTLE_SECONDS,
+    Elector,
+    LeadershipLost,
+    answer_liveness,
+    lead,
+)
 from venturi_operator.metrics import OperatorMetrics
 from venturi_operator.reconcile import Reconciler
 
@@ -187,24 +193,34 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
             metrics.leader.set(1)
             await operate(stop)
             return
-        elector = Elector(kube, election.namespace, election.name, election.identity)
+        # The Lease's client has a thread of its own: renewals never queue behind the
+        # reconcile calls of many JobQueues on a slow API server.
+        lease_kube = Kube(kube.api, executor=ThreadPoolExecutor(1, thread_name_prefix="lease"))
+        elector = Elector(lease_kube, election.namespace, election.name, election.identity)
         # Also what stops kopf when the lease is lost.
         stopping = stop if stop is not None else asyncio.Event()
 
         @kopf.on.cleanup(registry=registry)
         async def give_up_the_lease(**_: Any) -> None:
-            # As soon as the JobQueue loops have stopped (a SIGTERM), not after the rest of
-            # kopf's shutdown: a follower takes over at its next look. Setting the flag ends
-            # kopf's own wait on it (it would wait 5 s for that task).
+            # As soon as the JobQueue loops have stopped (a SIGTERM), and their requests
+            # still in flight have landed, not after the rest of kopf's shutdown: a follower
+            # takes over at its next look. Setting the flag ends kopf's own wait on it (it
+            # would wait 5 s for that task).
             stopping.set()
+            if not await kube.settled(SETTLE_SECONDS):
+                logger.warning("API requests still in flight after %gs", SETTLE_SECONDS)
             await elector.release()
 
         metrics.leader.set(0)
-        # kopf answers the liveness probe and handles SIGTERM once it runs; until then, this.
-        with _signals(stopping, installed=stop is None):
-            async with answer_liveness(config.liveness_endpoint):
-                if not await elector.acquire(stopping):
-                    return
+        # kopf answers the liveness probe and handles SIGTERM once it runs; until then, this
+        # (its handlers replace these as it starts: no moment without either).
+        if stop is None:
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                loop.add_signal_handler(sig, stopping.set)
+        async with answer_liveness(config.liveness_endpoint):
+            if not await elector.acquire(stopping):
+                return
         metrics.leader.set(1)
         try:
             await lead(elector, operate(stopping), stopping)
@@ -213,22 +229,6 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
             await elector.release()
     finally:
         await databases.close()
-
-
-@contextlib.contextmanager
-def _signals(stop: asyncio.Event, *, installed: bool) -> Iterator[None]:
-    """SIGTERM and SIGINT set `stop` (only when `installed`: the process's own loop)."""
-    if not installed:
-        yield
-        return
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        yield
-    finally:
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.remove_signal_handler(sig)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -8,9 +8,13 @@ from __future__ import annotations
 import asyncio
 import base64
 import binascii
+import contextvars
+import functools
 import hashlib
 import json
+import threading
 from collections.abc import Callable
+from concurrent.futures import Executor
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -75,6 +79,8 @@ class LeaseState:
     transitions: int
     acquired: datetime | None
     """spec.acquireTime: when the holder took it."""
+    seconds: int | None = None
+    """spec.leaseDurationSeconds: how long it holds unrenewed, as its holder wrote it."""
 
 
 REQUEST_TIMEOUT = (5.0, 20.0)
@@ -84,7 +90,10 @@ call's thread, and the JobQueue's ticks with it, for good."""
 
 
 class Kube:
-    def __init__(self, api: client.ApiClient) -> None:
+    def __init__(self, api: client.ApiClient, *, executor: Executor | None = None) -> None:
+        """`executor`: the threads its calls run in (None: asyncio's default ones). Leader
+        election gives its client threads of its own, so that a slow API server holding the
+        reconcile calls' threads does not hold the Lease's renewals behind them."""
         # A request that reached the server is tried once: urllib3 would retry a timed-out
         # one three times (80 s, not 20, and a warning line each); the next tick is the retry.
         # One that could not connect (a stale kept-alive connection) is tried once more.
@@ -92,6 +101,11 @@ class Kube:
             total=1, connect=1, read=0, status=0, other=0, redirect=0
         )
         self.api = api
+        self._executor = executor
+        self._busy = threading.Condition()
+        self._in_flight = 0
+        """Requests sent and not yet answered, also those whose caller gave up waiting (a
+        cancelled task does not stop its thread)."""
         self._core = client.CoreV1Api(api)
         self._apps = client.AppsV1Api(api)
         self._autoscaling = client.AutoscalingV2Api(api)
@@ -112,9 +126,15 @@ class Kube:
         """`method(*args, **kwargs)` in a thread, bounded by `REQUEST_TIMEOUT`; an API server
         that cannot be reached, or does not answer in time, is a `KubeError` ("ApiUnreachable"),
         as a refusal is one of its own (the caller maps `ApiException`s)."""
+        call = functools.partial(
+            self._counted, method, *args, _request_timeout=REQUEST_TIMEOUT, **kwargs
+        )
         try:
-            return await asyncio.to_thread(
-                method, *args, _request_timeout=REQUEST_TIMEOUT, **kwargs
+            if self._executor is None:
+                return await asyncio.to_thread(call)
+            context = contextvars.copy_context()
+            return await asyncio.get_running_loop().run_in_executor(
+                self._executor, context.run, call
             )
         except ApiException:
             raise
@@ -122,6 +142,28 @@ class Kube:
             raise KubeError(
                 "ApiUnreachable", f"{doing}: the API server did not answer ({_describe(exc)})"
             ) from None
+
+    def _counted(self, method: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        with self._busy:
+            self._in_flight += 1
+        try:
+            return method(*args, **kwargs)
+        finally:
+            with self._busy:
+                self._in_flight -= 1
+                self._busy.notify_all()
+
+    async def settled(self, within: float) -> bool:
+        """Wait until none of this client's requests is in flight, at most `within` seconds;
+        returns whether none is. A request whose caller was cancelled (a JobQueue loop
+        stopped mid-tick) may still reach the API server until its own timeout: a leader
+        waits for them before it gives the Lease up."""
+
+        def wait() -> bool:
+            with self._busy:
+                return self._busy.wait_for(lambda: self._in_flight == 0, within)
+
+        return await asyncio.to_thread(wait)
 
     def connection_info(self) -> kopf.ConnectionInfo:
         """The same credentials for kopf's own API calls (watching, patching, Events), so
@@ -331,6 +373,7 @@ class Kube:
             version=str(meta.resource_version),
             transitions=int(spec.lease_transitions or 0),
             acquired=spec.acquire_time,
+            seconds=spec.lease_duration_seconds,
         )
 
     async def create_lease(self, namespace: str, name: str, holder: str, seconds: int) -> None:

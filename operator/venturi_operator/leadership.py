@@ -36,6 +36,9 @@ RENEW_DEADLINE = 10.0
 stopped by the time a follower may take over."""
 RETRY_SECONDS = 2.0
 """How often the leader renews, and a follower looks."""
+SETTLE_SECONDS = 10.0
+"""How long a leader that stops waits for its requests still in flight (a JobQueue loop cut
+off mid-tick) before it gives the Lease up: a follower must not act while they may land."""
 STOP_AFTER_LOSS = 5.0
 """Seconds a replica that lost the lease gives its work to stop before it gives up on it."""
 
@@ -113,9 +116,9 @@ class Elector:
                 self._seen = (lease.version, now)
             unchanged_for = now - self._seen[1]
         self.holder = lease.holder if lease is not None else None
-        what = step(
-            lease, self.identity, unchanged_for=unchanged_for, lease_seconds=self._lease_seconds
-        )
+        # The duration its holder wrote (client-go's rule), else this replica's own.
+        seconds = (lease.seconds if lease is not None else None) or self._lease_seconds
+        what = step(lease, self.identity, unchanged_for=unchanged_for, lease_seconds=seconds)
         if what == "wait":
             return False
         try:
@@ -149,6 +152,9 @@ class Elector:
         while not stop.is_set():
             try:
                 if await self.look():
+                    if stop.is_set():  # taken as this replica was told to stop
+                        await self.release()
+                        return False
                     return True
                 news = f"following: {self.where} is held by {self.holder}"
             except KubeError as exc:
@@ -174,13 +180,17 @@ class Elector:
                     async with asyncio.timeout(max(left, 0.0)):
                         if await self.look():
                             continue
-                    raise LeadershipLost(f"{self.where} is held by {self.holder} now")
+                    if self.holder != self.identity:
+                        raise LeadershipLost(f"{self.where} is held by {self.holder} now")
+                    # Still ours, written by someone else meanwhile (a label, say): again.
+                    failure = f"{self.where} changed as it was renewed"
                 except (KubeError, TimeoutError) as exc:
-                    if self._clock() - renewed >= self._renew_deadline:
-                        raise LeadershipLost(
-                            f"{self.where} not renewed for {self._renew_deadline:g}s ({exc})"
-                        ) from None
-                    logger.warning("could not renew %s (%s); trying again", self.where, exc)
+                    failure = f"could not renew {self.where} ({exc})"
+                if self._clock() - renewed >= self._renew_deadline:
+                    raise LeadershipLost(
+                        f"{self.where} not renewed for {self._renew_deadline:g}s ({failure})"
+                    )
+                logger.warning("%s; trying again", failure)
 
     async def release(self) -> None:
         """Give the lease up, if this replica holds it: a follower takes over at its next
@@ -224,7 +234,8 @@ async def lead(elector: Elector, operating: Coroutine[Any, Any, None], stop: asy
             logger.error("stopped leading: %s", lost)
             stop.set()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.shield(operator), STOP_AFTER_LOSS)
+                async with asyncio.timeout(STOP_AFTER_LOSS):
+                    await asyncio.shield(operator)
             raise lost
         await operator  # it ended (a signal, or `stop`): its error, if any, surfaces here
     finally:

@@ -125,11 +125,8 @@ def test_operator_deployment() -> None:
     deployment = one(docs, "Deployment")
     spec = deployment["spec"]
     assert spec["replicas"] == 1
-    # A new pod waits for the lease (it follows) until the old one gives it up.
-    assert spec["strategy"] == {
-        "type": "RollingUpdate",
-        "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0},
-    }
+    # Never an old operator that does not elect beside a new one that leads (an upgrade).
+    assert spec["strategy"] == {"type": "Recreate"}
     pod = spec["template"]["spec"]
     assert pod["serviceAccountName"] == one(docs, "ServiceAccount")["metadata"]["name"]
     assert spec["selector"]["matchLabels"].items() <= spec["template"]["metadata"]["labels"].items()
@@ -436,8 +433,7 @@ def test_replicas_need_the_leader_election() -> None:
     docs = render({"operator": {"replicas": 2}})
     assert one(docs, "Deployment")["spec"]["replicas"] == 2
     alone = render({"operator": {"leaderElection": False}})
-    deployment = one(alone, "Deployment")["spec"]
-    assert deployment["strategy"] == {"type": "Recreate"}
+    assert one(alone, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
     container = operator_container(alone)
     assert not any(a.startswith("--leader-elect") for a in container["args"])
     assert "env" not in container

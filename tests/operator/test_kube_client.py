@@ -82,3 +82,34 @@ def test_selectors_with_expressions_are_said_as_kubernetes_reads_them() -> None:
     assert _selector(client.V1LabelSelector(match_labels={"b": "2", "a": "1"})) == "a=1,b=2"
     assert _selector(None) is None
     assert _selector(client.V1LabelSelector()) is None
+
+
+async def test_settled_waits_for_requests_whose_caller_gave_up(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A cancelled call's thread still holds its request until the request's own timeout:
+    `settled` says so, and waits for it (what a stopping leader does before it gives up the
+    Lease)."""
+    reached, held = asyncio.Event(), list[asyncio.StreamWriter]()
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        held.append(writer)  # a silent API server: never answers
+        reached.set()
+
+    server = await asyncio.start_server(accept, "127.0.0.1", 0)
+    monkeypatch.setattr(kube_module, "REQUEST_TIMEOUT", (1.0, 1.0))
+    kube = _kube_at(server.sockets[0].getsockname()[1])
+    try:
+        assert await kube.settled(0)  # nothing in flight
+        call = asyncio.create_task(kube.deployment("ns", "mailer"))
+        await asyncio.wait_for(reached.wait(), 10)
+        call.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await call
+        assert not await kube.settled(0)  # cancelled, yet still in flight
+        assert await kube.settled(10)  # until its read timeout ended it
+    finally:
+        server.close()
+        for writer in held:
+            writer.close()
+        await server.wait_closed()

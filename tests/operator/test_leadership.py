@@ -14,7 +14,7 @@ import pytest
 from kube_harness import LEASES, KubeHarness, kube_fixture
 
 from venturi_operator.kube import Kube, LeaseState
-from venturi_operator.leadership import Elector, LeadershipLost, step
+from venturi_operator.leadership import Elector, LeadershipLost, lead, step
 
 kube = pytest.fixture(kube_fixture, name="kube")
 
@@ -148,3 +148,63 @@ async def test_a_leader_that_cannot_renew_stops_leading_within_the_deadline(
     with pytest.raises(LeadershipLost, match="not renewed for 10s"):
         await asyncio.wait_for(holding, 5)
     assert holder(kube) == "a"  # unrenewed: another takes it once it expires
+
+
+async def test_a_leader_that_lost_the_lease_stops_what_it_runs(
+    kube: KubeHarness, api: Kube
+) -> None:
+    a, b_clock = elector(api, "a", Clock()), Clock()
+    b = elector(api, "b", b_clock)
+    assert await a.look()
+    assert not await b.look()
+    b_clock.now += 15
+    assert await b.look()  # a stalled (here: between two looks) and b took over
+    stop, stopped = asyncio.Event(), asyncio.Event()
+
+    async def operating() -> None:  # the operator: runs until its stop flag is set
+        await stop.wait()
+        stopped.set()
+
+    with pytest.raises(LeadershipLost, match="held by b"):
+        await asyncio.wait_for(lead(a, operating(), stop), 10)
+    assert stopped.is_set()
+    assert holder(kube) == "b"
+
+
+async def test_a_renewal_that_meets_another_write_of_its_own_lease_tries_again(
+    kube: KubeHarness, api: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A label someone adds to the Lease between the leader's read and its write is a 409 for
+    the write: the Lease is still the leader's, and it renews at the next try, leading on."""
+    a = elector(api, "a", Clock())
+    assert await a.look()
+    writes = kube.emulator[kmock.method.PUT, kmock.resource(LEASES)]
+    writes[:1] << kmock.KubernetesError(status=409, reason="Conflict", message="modified")
+    stop, written = asyncio.Event(), 0
+    write = api.write_lease
+
+    async def counted(*args: Any, **kwargs: Any) -> None:
+        nonlocal written
+        await write(*args, **kwargs)
+        written += 1
+        stop.set()  # renewed after the conflict: enough
+
+    monkeypatch.setattr(api, "write_lease", counted)
+    await asyncio.wait_for(a.hold(stop), 10)  # returns: no LeadershipLost
+    assert written == 1 and len(writes) == 2
+    assert holder(kube) == "a"
+
+
+async def test_a_lease_taken_as_the_replica_is_told_to_stop_is_given_back(
+    kube: KubeHarness, api: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    stop = asyncio.Event()
+    create = api.create_lease
+
+    async def signalled_meanwhile(*args: Any, **kwargs: Any) -> None:
+        await create(*args, **kwargs)
+        stop.set()  # SIGTERM while the look that took the Lease was on its way
+
+    monkeypatch.setattr(api, "create_lease", signalled_meanwhile)
+    assert not await elector(api, "a", Clock()).acquire(stop)
+    assert holder(kube) is None  # given back: a follower need not wait it out

@@ -862,8 +862,19 @@ async def test_two_operators_elect_one_leader_and_the_other_takes_over_from_a_ki
         leader = holder.split("_")[0]
         follower = "op-b" if leader == "op-a" else "op-a"
         await replicas_become(kube, "mailer", 1)  # the leader acts
-        assert "venturi_operator_leader 1.0" in await get(ports[leader][0], "/metrics")
-        assert "venturi_operator_leader 0.0" in await get(ports[follower][0], "/metrics")
+        await kube.wait_for(  # a later tick saw it: the one that scaled has ended, stamped
+            JOBQUEUES,
+            NS,
+            "mail",
+            lambda o: o.get("status", {}).get("pools", [{}])[0].get("currentReplicas") == 1,
+            timeout=TIMEOUT,
+        )
+        ticked = "venturi_jobqueue_last_tick_timestamp_seconds{"
+        leading = await get(ports[leader][0], "/metrics")
+        assert "venturi_operator_leader 1.0" in leading and ticked in leading
+        following = await get(ports[follower][0], "/metrics")
+        assert "venturi_operator_leader 0.0" in following
+        assert ticked not in following  # it ticks no JobQueue: it does nothing
         assert "following" in await get(ports[follower][1], "/healthz")
 
         procs[leader].kill()  # SIGKILL: no lease given up
@@ -877,6 +888,7 @@ async def test_two_operators_elect_one_leader_and_the_other_takes_over_from_a_ki
         lease = kube.get(LEASES, "venturi-system", "venturi-operator")
         assert lease["spec"]["leaseTransitions"] == 1
         assert "venturi_operator_leader 1.0" in await get(ports[follower][0], "/metrics")
+        assert "following" not in await get(ports[follower][1], "/healthz")  # kopf's, now
 
         procs[follower].send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(procs[follower].wait(), TIMEOUT) == 0
