@@ -130,8 +130,7 @@ class Kube:
             self._counted, method, *args, _request_timeout=REQUEST_TIMEOUT, **kwargs
         )
         try:
-            if self._executor is None:
-                return await asyncio.to_thread(call)
+            # asyncio.to_thread's way, in this client's executor (None: the loop's default).
             context = contextvars.copy_context()
             return await asyncio.get_running_loop().run_in_executor(
                 self._executor, context.run, call
@@ -379,16 +378,7 @@ class Kube:
     async def create_lease(self, namespace: str, name: str, holder: str, seconds: int) -> None:
         """Create the Lease, held by `holder` from now (409 Conflict: it exists)."""
         now = datetime.now(UTC)
-        body = client.V1Lease(
-            metadata=client.V1ObjectMeta(name=name, namespace=namespace),
-            spec=client.V1LeaseSpec(
-                holder_identity=holder,
-                lease_duration_seconds=seconds,
-                acquire_time=now,
-                renew_time=now,
-                lease_transitions=0,
-            ),
-        )
+        body = _lease(namespace, name, None, holder, seconds, acquired=now, transitions=0)
         doing = f"creating Lease {namespace}/{name}"
         try:
             await self._call(doing, self._coordination.create_namespaced_lease, namespace, body)
@@ -400,19 +390,15 @@ class Kube:
     ) -> None:
         """Write the Lease as renewed now by `holder` (None: given up), unless it changed since
         `seen` was read (409 Conflict: another replica wrote it first)."""
-        now = datetime.now(UTC)
         taken = holder != seen.holder
-        body = client.V1Lease(
-            metadata=client.V1ObjectMeta(
-                name=name, namespace=namespace, resource_version=seen.version
-            ),
-            spec=client.V1LeaseSpec(
-                holder_identity=holder,
-                lease_duration_seconds=seconds,
-                acquire_time=now if taken or seen.acquired is None else seen.acquired,
-                renew_time=now,
-                lease_transitions=seen.transitions + (1 if taken and holder else 0),
-            ),
+        body = _lease(
+            namespace,
+            name,
+            seen.version,
+            holder,
+            seconds,
+            acquired=datetime.now(UTC) if taken or seen.acquired is None else seen.acquired,
+            transitions=seen.transitions + (1 if taken and holder else 0),
         )
         doing = f"writing Lease {namespace}/{name}"
         try:
@@ -421,6 +407,29 @@ class Kube:
             )
         except ApiException as exc:
             raise _error(exc, doing) from None
+
+
+def _lease(
+    namespace: str,
+    name: str,
+    version: str | None,
+    holder: str | None,
+    seconds: int,
+    *,
+    acquired: datetime,
+    transitions: int,
+) -> client.V1Lease:
+    """A Lease renewed now by `holder`; with `version`, written only over that version."""
+    return client.V1Lease(
+        metadata=client.V1ObjectMeta(name=name, namespace=namespace, resource_version=version),
+        spec=client.V1LeaseSpec(
+            holder_identity=holder,
+            lease_duration_seconds=seconds,
+            acquire_time=acquired,
+            renew_time=datetime.now(UTC),
+            lease_transitions=transitions,
+        ),
+    )
 
 
 def _selector(selector: Any) -> str | None:
