@@ -1,7 +1,9 @@
-"""`PostgresStore`: the PostgreSQL adapter, the only module that talks to asyncpg.
+"""`PostgresStore`: the PostgreSQL adapter (with its package `_db`).
 
-It owns the connection pool, the migrations, and every statement (in `_db/queries/`, run by
-name with keyword arguments). It speaks plain records (`_records`), never task types, so the
+It owns the connection pool and runs every statement (in `_db/queries/`, run by name with
+keyword arguments): the hot path's itself, those of a concern of their own through the classes
+of `_db/` on the same runner (`schema`: migrations and start-up checks; `failed`; `batches`;
+`registry`; `leadership`). It speaks plain records (`_records`), never task types, so the
 typed world above it (Queue, Worker) stays free of SQL.
 
 A store runs its statements on its pool, or, bound by `using(conn)`, on a connection the
@@ -16,7 +18,6 @@ import functools
 import hashlib
 import logging
 import math
-import re
 import ssl as ssl_module
 import time
 import uuid
@@ -33,6 +34,7 @@ from ulid import ULID
 from venturi import _dsn
 from venturi._db import sql
 from venturi._db.batches import Batches
+from venturi._db.failed import FailedJobs
 from venturi._db.failures import (
     RETRY_FIRST,
     breaks_connection,
@@ -44,6 +46,8 @@ from venturi._db.leadership import Leadership
 from venturi._db.registry import Registry
 from venturi._db.run import CallersConnection, Pooled, Runner, detached, discard_if_broken, release
 from venturi._db.run import Connection as Connection  # the caller's: see `using`
+from venturi._db.schema import MIGRATE_LOCK_TIMEOUT as MIGRATE_LOCK_TIMEOUT
+from venturi._db.schema import MIGRATE_PATIENCE, Schema
 from venturi._records import (
     ClaimedJob,
     DueHook,
@@ -60,7 +64,7 @@ from venturi._records import (
 )
 from venturi._stats import stats_from_rows
 from venturi.codec import DEFAULT_CODEC, Codec
-from venturi.errors import JobStateError, SchemaError, StoreClosedError
+from venturi.errors import SchemaError, StoreClosedError
 from venturi.jobs import (
     BatchStatus,
     CleanupCriteria,
@@ -78,11 +82,6 @@ from venturi.registry import WorkerInfo
 from venturi.schedules import ScheduleInfo
 
 DEFAULT_PREFIX = "venturi"
-MIGRATE_LOCK_TIMEOUT = 2.0
-"""Seconds a migration's statement waits for a lock on a table before the migration gives way
-and tries again (see `PostgresStore.migrate`)."""
-MIGRATE_PATIENCE = 600.0
-"""Seconds `PostgresStore.migrate` keeps trying to get its locks before it gives up."""
 DEFAULT_HOOK_LEASE_S = 15 * 60.0
 """Seconds a dead job's failure step is leased to the worker that made it dead (the worker's
 lease, when it passes one)."""
@@ -171,11 +170,6 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     advisory locks; the LISTEN connection unlistens before release, and asyncpg still rolls
     back any open transaction on its own.
     """
-
-
-def _lock_key(prefix: str) -> int:
-    digest = hashlib.blake2b(f"venturi:migrate:{prefix}".encode(), digest_size=8).digest()
-    return int.from_bytes(digest, "big", signed=True)
 
 
 _Method = TypeVar("_Method", bound=Callable[..., Awaitable[Any]])
@@ -497,6 +491,11 @@ class PostgresStore:
 
     # -- schema ----------------------------------------------------------------------
 
+    @property
+    def schema(self) -> Schema:
+        """The schema's statements (`_db/schema.py`), on this store's runner."""
+        return Schema(self._run, self._q, self._prefix, bound=self._conn is not None)
+
     async def migrate(
         self, *, lock_timeout: float = MIGRATE_LOCK_TIMEOUT, patience: float = MIGRATE_PATIENCE
     ) -> list[int]:
@@ -510,124 +509,7 @@ class PostgresStore:
         runs (a DDL statement waiting for its lock would hold up every statement on the
         table). `lock_timeout=0` waits as long as it takes.
         """
-        for name, value in (("lock_timeout", lock_timeout), ("patience", patience)):
-            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"migrate({name}): expected seconds >= 0, got {value!r}")
-        started = time.monotonic()
-        pause = 1.0
-        while True:
-            try:
-                return await self._migrate_once(lock_timeout)
-            except asyncpg.LockNotAvailableError:
-                holders = await self._lock_holders()
-                waited = time.monotonic() - started
-                if waited + pause > patience:
-                    raise SchemaError(
-                        f"migrate: gave up after {waited:.0f}s: a migration of prefix "
-                        f"{self._prefix!r} needs a lock on its tables, which {holders} held "
-                        f"each time it waited {lock_timeout:g}s; nothing was applied, and the "
-                        f"queue ran meanwhile. Migrate at a quieter moment, or with a longer "
-                        f"lock timeout (0: wait as long as it takes)"
-                    ) from None
-                logger.warning(
-                    "migrate: a migration of prefix %r waited %gs for a lock on its tables, "
-                    "held by %s; it gave way (the queue runs meanwhile) and tries again in %gs",
-                    self._prefix,
-                    lock_timeout,
-                    holders,
-                    pause,
-                )
-                await asyncio.sleep(pause)
-                pause = min(pause * 2, 30.0)
-
-    async def _migrate_once(self, lock_timeout: float) -> list[int]:
-        q = self._q
-        applied_now: list[int] = []
-        known = sql.migrations(self._prefix)
-        if await self._run.fetchval(q["migration_table_exists"]):
-            done = {r["version"] for r in await self._run.fetch(q["migration_list"])}
-            self._refuse_newer(done)
-            if all(m.version in done for m in known):
-                return applied_now  # nothing to do: no lock, no DDL, no CREATE privilege
-        elif (elsewhere := await self._prefix_elsewhere()) is not None:
-            logger.warning(
-                "migrate: prefix %r is installed in schema %s, off this session's search_path "
-                "(%s): making a second, separate queue in the first schema of that path (its "
-                "workers will not see the other's jobs); to use the existing one, put its "
-                "schema on the search_path instead",
-                self._prefix,
-                ", ".join(elsewhere[1]),
-                elsewhere[0],
-            )
-        encoding = await self._run.fetchval(q["server_encoding"])
-        if encoding not in ("UTF8", "SQL_ASCII"):
-            logger.warning(
-                "migrate: this database's encoding is %s, not UTF8: a payload, key, queue "
-                "name or result holding a character %s has none for is refused (a note or "
-                "an error message is written with backslash escapes instead); create the "
-                "database with ENCODING 'UTF8' to store any text",
-                encoding,
-                encoding,
-            )
-        async with self._run.transaction() as tx:
-            await tx.execute(q["lock_migrations"], key=_lock_key(self._prefix))
-            await tx.execute(q["migration_table_create"])
-            done = {r["version"] for r in await tx.fetch(q["migration_list"])}
-            self._refuse_newer(done)
-            if lock_timeout > 0 and self._conn is None:  # never the caller's transaction's
-                await tx.execute(q["migration_lock_timeout"], ms=f"{lock_timeout * 1000:.0f}ms")
-            for migration in known:
-                if migration.version in done:
-                    continue
-                try:
-                    await tx.script(migration.sql)
-                except (asyncpg.DuplicateTableError, asyncpg.DuplicateObjectError) as exc:
-                    raise self._taken_name(migration, exc) from None
-                await tx.execute(
-                    q["migration_record"], version=migration.version, name=migration.name
-                )
-                applied_now.append(migration.version)
-        return applied_now
-
-    async def _lock_holders(self) -> str:
-        """Who holds locks on the prefix's tables now, for a migration that could not get
-        one: "pid 123 (app, idle in transaction for 20s)", or "another session"."""
-        tables = [f"{self._prefix}_{suffix}" for suffix in sql.table_suffixes()]
-        try:
-            rows = await self._run.fetch(self._q["lock_holders"], tables=tables)
-        except Exception as exc:  # only a description: the caller's error is the news
-            if not is_database_failure(exc):
-                raise
-            rows = []
-        if not rows:
-            return "another session"
-        return ", ".join(
-            f"pid {r['pid']} ({r['application_name'] or 'no application_name'}, "
-            f"{r['state']}, in its transaction for {r['xact_s']:.0f}s)"
-            for r in rows
-        )
-
-    def _taken_name(self, migration: sql.Migration, exc: asyncpg.PostgresError) -> SchemaError:
-        """A migration that found one of its names taken: most likely by another prefix
-        whose tables' names overlap (prefix 'shop' has 'shop_hour_counts', which is also
-        prefix 'shop_hour''s counts table)."""
-        found = re.search(r'"([^"]+)"', str(exc))
-        name = found.group(1) if found else ""
-        owners = [
-            f"table {suffix!r} of prefix {name[: -len(suffix) - 1]!r}"
-            for suffix in sql.table_suffixes()
-            if name.endswith(f"_{suffix}") and len(name) > len(suffix) + 1
-        ]
-        why = (
-            f": {name!r} is the name of {' and of '.join(owners)}, so those prefixes cannot "
-            f"share a schema; choose a prefix whose tables' names no other prefix uses"
-            if len(owners) > 1
-            else ""
-        )
-        return SchemaError(
-            f"migration {migration.version} ({migration.name}) of prefix {self._prefix!r}: "
-            f"{exc}{why}; nothing was applied"
-        )
+        return await self.schema.migrate(lock_timeout=lock_timeout, patience=patience)
 
     async def check_schema(self) -> None:
         """Raise `SchemaError` unless the prefix's schema is exactly the one this release's
@@ -636,18 +518,7 @@ class PostgresStore:
 
         One small query; workers run it before they claim anything.
         """
-        try:
-            rows = await self._run.fetch(self._q["migration_list"])
-        except asyncpg.UndefinedTableError as exc:
-            raise await self._missing_schema(exc) from None
-        done = {r["version"] for r in rows}
-        self._refuse_newer(done)
-        missing = sorted({m.version for m in sql.migrations(self._prefix)} - done)
-        if missing:
-            raise SchemaError(
-                f"the schema of prefix {self._prefix!r} lacks migrations {missing}: run "
-                f"`venturi migrate` (or `await store.migrate()`) before starting workers"
-            )
+        await self.schema.check_schema()
 
     async def check_privileges(self) -> None:
         """Raise `SchemaError` naming the prefix's tables on which this store's role lacks a
@@ -655,62 +526,10 @@ class PostgresStore:
         the migrations' record, USAGE on the journal's id sequence), with the GRANT that
         mends it. Workers run it at start, after `check_schema`: a role granted before a
         migration added a table would otherwise claim nothing, each claim refused."""
-        tables = [f"{self._prefix}_{suffix}" for suffix in sql.table_suffixes()]
-        rows = await self._run.fetch(self._q["privileges_missing"], tables=tables)
-        if not rows:
-            return
-        who = await self._run.fetchrow(self._q["session_role"])
-        assert who is not None
-        role, schema = who["role"], who["schema"]
-        lacking = "; ".join(f"{r['name']} ({', '.join(r['missing'])})" for r in rows)
-        raise SchemaError(
-            f"the role {role} lacks privileges a worker needs on the tables of prefix "
-            f"{self._prefix!r}: {lacking}. Grant them, e.g. GRANT SELECT, INSERT, UPDATE, DELETE "
-            f"ON ALL TABLES IN SCHEMA {schema} TO {role}; GRANT USAGE ON ALL SEQUENCES IN "
-            f"SCHEMA {schema} TO {role}; and, so that the tables a later migration adds are "
-            f"granted too, ALTER DEFAULT PRIVILEGES as the role that migrates (README: "
-            f"Migrations, privileges and upgrades)"
-        )
-
-    def _refuse_newer(self, done: set[int]) -> None:
-        unknown = sorted(done - {m.version for m in sql.migrations(self._prefix)})
-        if unknown:
-            raise SchemaError(
-                f"the schema of prefix {self._prefix!r} has migrations {unknown} that this "
-                f"release of venturi does not know: a newer release migrated it; upgrade "
-                f"venturi here (running against a schema it does not know could corrupt jobs)"
-            )
+        await self.schema.check_privileges()
 
     async def _missing_schema(self, exc: asyncpg.UndefinedTableError) -> SchemaError:
-        """asyncpg's "relation ... does not exist" on an unmigrated prefix, said plainly (the
-        cause is kept: the operator matches "does not exist"). Where the prefix's tables are
-        in a schema off this session's search_path, it says so: migrating would make a
-        second, empty queue beside them, which no worker of the first would serve."""
-        elsewhere = await self._prefix_elsewhere()
-        if elsewhere is not None:
-            path, schemas = elsewhere
-            return SchemaError(
-                f"{exc}: the tables of prefix {self._prefix!r} are in schema "
-                f"{', '.join(schemas)}, which is not on this session's search_path ({path}): "
-                f"put it there (ALTER ROLE ... SET search_path, or options=-c search_path=... "
-                f"in the DSN); `venturi migrate` would make a second, separate queue instead"
-            )
-        return SchemaError(
-            f"{exc}: the tables of prefix {self._prefix!r} are missing, or older than this "
-            f"release of venturi; run `venturi migrate` (or `await store.migrate()`) first"
-        )
-
-    async def _prefix_elsewhere(self) -> tuple[str, list[str]] | None:
-        """(search_path, schemas) when the prefix's tables are in schemas this session does
-        not see; None when they are nowhere, or this cannot be read (the caller's
-        transaction, aborted by the error, refuses any statement)."""
-        try:
-            row = await self._run.fetchrow(self._q["prefix_elsewhere"])
-        except (asyncpg.PostgresError, asyncpg.InterfaceError, OSError, ValueError):
-            return None
-        if row is None or not row["schemas"]:
-            return None
-        return row["search_path"], list(row["schemas"])
+        return await self.schema.missing_schema(exc)
 
     # -- producing -------------------------------------------------------------------
 
@@ -1677,7 +1496,12 @@ class PostgresStore:
         """The pods fenced now, by name."""
         return [r["pod"] for r in await self._run.fetch(self._q["fences_list"])]
 
-    # -- failed jobs -----------------------------------------------------------------
+    # -- failed jobs (`_db/failed.py`) -----------------------------------------------
+
+    @property
+    def failed(self) -> FailedJobs:
+        """The failed jobs' statements (`_db/failed.py`), on this store's runner."""
+        return FailedJobs(self._run, self._q, self.channel)
 
     @_schema_required
     async def list_failed(
@@ -1690,62 +1514,16 @@ class PostgresStore:
         codec: Codec = DEFAULT_CODEC,
     ) -> list[FailedJob]:
         """Failed (dead) jobs, newest first, their payloads decoded by `codec`."""
-        rows = await self._run.fetch(
-            self._q["failed_list"],
-            queue=queue,
-            kind=kind,
-            before_id=None if before_id is None else before_id.to_uuid(),
-            limit=limit,
+        return await self.failed.page(
+            queue=queue, kind=kind, before_id=before_id, limit=limit, codec=codec
         )
-        return [
-            FailedJob(
-                id=ULID.from_bytes(r["id"].bytes),
-                queue=r["queue"],
-                kind=r["kind"],
-                payload=codec.decode_any(r["payload"]),
-                error=r["last_error"],
-                failed_at=r["finished_at"],
-                run_count=r["run_count"],
-                failures=r["failures"],
-            )
-            for r in rows
-        ]
 
     @_schema_required
     async def retry_failed(self, job_id: ULID | uuid.UUID, *, note: str) -> JobStatus | None:
-        """Put a dead job back in its queue (see `failed_retry`); returns its status before
-        (None: no such job). Only a dead job is changed. A unique job takes its unique id
-        again: while another job holds it, `JobStateError` names the holder."""
-        q, job = self._q, _as_uuid(job_id)
-        for attempt in range(3):
-            try:
-                # Under a savepoint on the caller's connection: a collision is not theirs.
-                async with self._run.transaction() as tx:
-                    if attempt:  # a holder whose time is up lets go first
-                        await tx.execute(q["job_unique_detach_expired_of"], id=job)
-                    row = await tx.fetchrow(
-                        q["failed_retry"], id=job, note=note, channel=self.channel
-                    )
-                return None if row is None else JobStatus(row["status"])
-            except asyncpg.UniqueViolationError:
-                holder = await self._run.fetchrow(q["job_unique_holder_of"], id=job)
-                if holder is not None and attempt:
-                    raise JobStateError(
-                        f"job {ULID.from_bytes(job.bytes)} cannot be retried now: its unique id "
-                        f"{holder['unique_key']!r} is held by job "
-                        f"{ULID.from_bytes(holder['id'].bytes)}",
-                        JobStatus.DEAD.value,
-                    ) from None
-        raise JobStateError(
-            f"job {ULID.from_bytes(job.bytes)} cannot be retried now: its unique id is in use",
-            JobStatus.DEAD.value,
-        )
-
-    @_schema_required
-    async def queue_known(self, queue: str) -> bool:
-        """Whether a kept job, a pause or a worker names `queue`."""
-        known: bool = await self._run.fetchval(self._q["queue_known"], queue=queue)
-        return known
+        """Put a dead job back in its queue; returns its status before (None: no such job).
+        Only a dead job is changed. A unique job takes its unique id again: while another
+        job holds it, `JobStateError` names the holder."""
+        return await self.failed.retry(job_id, note=note)
 
     @_schema_required
     async def retry_all_failed(
@@ -1759,53 +1537,15 @@ class PostgresStore:
     ) -> int:
         """Retry every dead job of `queue` and `kind` (None: any), in bounded batches; at
         most `limit` (None: all)."""
-        total = 0
-
-        def room() -> int:
-            return batch_size if limit is None else min(batch_size, limit - total)
-
-        after: uuid.UUID | None = None
-        while room() > 0:
-            row = await self._run.fetchrow(
-                self._q["failed_retry_batch"],
-                queue=queue,
-                kind=kind,
-                after_id=after,
-                limit=room(),
-                note=note,
-                channel=self.channel,
-            )
-            assert row is not None
-            total += int(row["retried"])
-            if row["last_id"] is None:
-                break
-            after = row["last_id"]
-        after = None
-        while room() > 0:  # unique jobs, one by one: each takes its unique id again, if free
-            rows = await self._run.fetch(
-                self._q["failed_unique_ids"],
-                queue=queue,
-                kind=kind,
-                after_id=after,
-                limit=room(),
-            )
-            for r in rows:
-                try:
-                    if await self.retry_failed(r["id"], note=note) is JobStatus.DEAD:
-                        total += 1
-                except JobStateError:
-                    pass  # its unique id is held by another job: it stays failed
-            if len(rows) < batch_size:
-                return total
-            after = rows[-1]["id"]
-        return total
+        return await self.failed.retry_all(
+            queue=queue, kind=kind, note=note, batch_size=batch_size, limit=limit
+        )
 
     @_schema_required
     async def forget_failed(self, job_id: ULID | uuid.UUID) -> JobStatus | None:
         """Delete a dead job and its journal; returns its status (None: no such job). A job
         that is not dead is left alone."""
-        row = await self._run.fetchrow(self._q["failed_forget"], id=_as_uuid(job_id))
-        return None if row is None else JobStatus(row["status"])
+        return await self.failed.forget(job_id)
 
     @_schema_required
     async def flush_failed(
@@ -1817,18 +1557,13 @@ class PostgresStore:
         batch_size: int = 1000,
     ) -> int:
         """Delete dead jobs (and their journal) in bounded batches; returns how many."""
-        total = 0
-        while True:
-            n: int = await self._run.fetchval(
-                self._q["failed_flush_batch"],
-                queue=queue,
-                kind=kind,
-                before=before,
-                limit=batch_size,
-            )
-            total += n
-            if n < batch_size:
-                return total
+        return await self.failed.flush(queue=queue, kind=kind, before=before, batch_size=batch_size)
+
+    @_schema_required
+    async def queue_known(self, queue: str) -> bool:
+        """Whether a kept job, a pause or a worker names `queue`."""
+        known: bool = await self._run.fetchval(self._q["queue_known"], queue=queue)
+        return known
 
     @_schema_required
     async def outstanding(self) -> int:
