@@ -39,7 +39,7 @@ async def _noop(task: Task, ctx: Context[None], app: None) -> None:
 
 
 async def _round(
-    dsn: str, task_type: type[Task], n: int, codec: SealedCodec, rep: int
+    dsn: str, task_type: type[PlainJob | SealedJob], n: int, codec: SealedCodec, rep: int
 ) -> tuple[float, float]:
     prefix = f"benc_{task_type.KIND}_{rep}"
     async with await PostgresStore.connect(dsn, prefix=prefix, max_size=20) as store:

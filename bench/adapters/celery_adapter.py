@@ -185,10 +185,10 @@ class CelerySystem(System):
             ids.append((message["headers"]["id"], message["properties"]["delivery_tag"]))
         pipe = self.redis.pipeline(transaction=False)
         for i in range(max(0, missing)):
-            raw = template[i % len(template)].decode()
+            text = template[i % len(template)].decode()
             task_id, tag = ids[i % len(template)]
             # The task id also stands in root_id and correlation_id: all get the fresh one.
-            clone = raw.replace(task_id, str(uuid.uuid4())).replace(tag, str(uuid.uuid4()))
+            clone = text.replace(task_id, str(uuid.uuid4())).replace(tag, str(uuid.uuid4()))
             pipe.lpush(QUEUE, clone)
             if (i + 1) % CLONE_PIPELINE == 0:
                 pipe.execute()

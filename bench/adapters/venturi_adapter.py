@@ -34,8 +34,9 @@ MAX_KINDS = 20
 LOOP = os.environ.get("BENCH_VENTURI_LOOP", "asyncio")
 
 
-def _task_type(index: int) -> type[Task[Any]]:
-    """A no-op task class, ``KIND = noop<index>``, whose one field is the producer's clock."""
+def _task_type(index: int) -> type[Any]:
+    """A no-op task class, ``KIND = noop<index>``, whose one field is the producer's clock
+    (made at run time: its fields are not known to a type checker)."""
     return dataclasses.make_dataclass(
         f"Noop{index}",
         [("enqueued_at", float)],

@@ -1515,7 +1515,7 @@ class PostgresStore:
     ) -> list[FailedJob]:
         """Failed (dead) jobs, newest first, their payloads decoded by `codec`."""
         return await self.failed.page(
-            queue=queue, kind=kind, before_id=before_id, limit=limit, codec=codec
+            queue=queue, kind=kind, before_id=before_id, limit=limit, decode=codec.decode_any
         )
 
     @_schema_required

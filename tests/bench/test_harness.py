@@ -12,8 +12,9 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
+import asyncpg
 import pytest
 from bench.harness import clock_warning, read_proc
 
@@ -318,7 +319,8 @@ async def test_the_stats_bench_gives_each_pending_job_its_own_run_at(
     from bench.stats import KINDS, QUEUES, _preload, _run_at_per_job
 
     prefix = store.prefix
-    async with store._pool_or_raise().acquire() as conn:
+    async with store._pool_or_raise().acquire() as pooled:
+        conn = cast(asyncpg.Connection, pooled)  # the proxy passes every call through
         await _preload(store, conn, 400)
         distinct = f"SELECT count(DISTINCT run_at) FROM {prefix}_jobs WHERE status = 'pending'"
         assert await conn.fetchval(distinct) == KINDS * QUEUES  # one per batch (statement)

@@ -95,7 +95,7 @@ from pathlib import Path
 from typing import Any, Final, Literal, TypeVar
 
 import attrs
-import jsonpatch  # type: ignore[import-untyped]
+import jsonpatch
 import kmock
 import kopf
 import kubernetes.client

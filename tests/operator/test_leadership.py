@@ -45,11 +45,8 @@ class Clock:
 @pytest.fixture
 def api(kube: KubeHarness) -> Iterator[Kube]:
     kube.namespace(NS)
-    client = kube.api_client()
-    try:
+    with kube.api_client() as client:
         yield Kube(client)
-    finally:
-        client.close()
 
 
 def elector(api: Kube, identity: str, clock: Clock) -> Elector:
@@ -58,7 +55,8 @@ def elector(api: Kube, identity: str, clock: Clock) -> Elector:
 
 def holder(kube: KubeHarness) -> str | None:
     found = kube.get(LEASES, NS, "venturi-operator")
-    return found["spec"].get("holderIdentity")
+    name: str | None = found["spec"].get("holderIdentity")
+    return name
 
 
 async def test_one_leads_and_another_takes_over_once_it_stops_renewing(
@@ -98,10 +96,10 @@ async def test_of_two_that_take_a_lease_at_once_one_wins(
     kube: KubeHarness, api: Kube, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     b_clock, c_clock = Clock(), Clock()
-    c_client = kube.api_client()
-    c_api = Kube(c_client)
-    a, b, c = elector(api, "a", Clock()), elector(api, "b", b_clock), elector(c_api, "c", c_clock)
-    try:
+    with kube.api_client() as c_client:
+        c_api = Kube(c_client)
+        a, b = elector(api, "a", Clock()), elector(api, "b", b_clock)
+        c = elector(c_api, "c", c_clock)
         assert await a.look()
         assert not await b.look()  # b and c both see a's lease...
         assert not await c.look()
@@ -115,8 +113,6 @@ async def test_of_two_that_take_a_lease_at_once_one_wins(
         assert not await c.look()
         stale.assert_awaited_once()
         assert holder(kube) == "b"
-    finally:
-        c_client.close()
 
 
 async def test_a_leader_that_cannot_renew_stops_leading_within_the_deadline(

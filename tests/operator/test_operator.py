@@ -88,17 +88,14 @@ def worker(kube: KubeHarness, name: str, jobqueue: str, replicas: int) -> None:
 
 @asynccontextmanager
 async def operator(kube: KubeHarness, **config: Any) -> AsyncIterator[Reconciler]:
-    api = kube.api_client()
     settings = OperatorConfig(metrics_port=None, liveness_endpoint=None, **config)
     databases = Databases(settings)
-    reconciler = Reconciler(
-        Kube(api), databases, OperatorMetrics(), max_replicas=settings.max_replicas
-    )
-    try:
+    with kube.api_client() as api:
+        reconciler = Reconciler(
+            Kube(api), databases, OperatorMetrics(), max_replicas=settings.max_replicas
+        )
         async with run_operator(kube, build_registry(reconciler), namespaces=[NS]):
             yield reconciler
-    finally:
-        api.close()
 
 
 def condition(jq: dict[str, Any], kind: str) -> dict[str, Any]:
@@ -536,13 +533,12 @@ async def test_a_deployment_must_opt_in_to_its_jobqueue(
             assert "desiredReplicas" not in pool
             assert jq["status"]["stats"]["pending"] == 25  # the stats were read: only refused
             assert kube.get(DEPLOYMENTS, NS, deployment)["spec"]["replicas"] == 0
+
             # kopf posts Events in the background: await it.
-            warnings = await kube.wait_until(
-                lambda name=name: [
-                    e for e in kube.events(NS, involved=name) if e["type"] == "Warning"
-                ],
-                timeout=TIMEOUT,
-            )
+            def warned(about: str = name) -> list[dict[str, Any]]:
+                return [e for e in kube.events(NS, involved=about) if e["type"] == "Warning"]
+
+            warnings = await kube.wait_until(warned, timeout=TIMEOUT)
             assert [e["reason"] for e in warnings] == ["NotOptedIn"]
 
         # Whoever may edit the Deployment opts it in: from then on it is scaled.
@@ -847,7 +843,8 @@ async def test_two_operators_elect_one_leader_and_the_other_takes_over_from_a_ki
 
     def lease_holder() -> str | None:
         found = kube.find(LEASES, "venturi-system", "venturi-operator")
-        return (found or {}).get("spec", {}).get("holderIdentity")
+        name: str | None = (found or {}).get("spec", {}).get("holderIdentity")
+        return name
 
     async def get(port: int, path: str) -> str:
         def fetch() -> str:

@@ -798,6 +798,7 @@ def _simulate(
 def _longest_memory(spec: PoolSpec) -> int:
     """Seconds after which nothing the policy remembers can change its next decision."""
     up, down = spec.behavior.scale_up, spec.behavior.scale_down
+    assert up is not None and down is not None
     return (
         max(up.stabilization_window_seconds, down.stabilization_window_seconds)
         + max(p.period_seconds for r in (up, down) for p in r.policies)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import jsonschema
+import jsonschema  # type: ignore[import-untyped]
 import pytest
 import yaml
 
@@ -199,6 +199,7 @@ def test_each_unset_behavior_field_takes_its_own_direction_default() -> None:
         {"scaleUp": {"stabilizationWindowSeconds": 45}, "scaleDown": {"selectPolicy": "Min"}},
     )
     behavior = parse_spec(doc).pools[0].behavior
+    assert behavior.scale_up is not None and behavior.scale_down is not None
     assert behavior.scale_up.stabilization_window_seconds == 45
     assert behavior.scale_up.policies == policy.DEFAULT_SCALE_UP.policies
     assert behavior.scale_down.select_policy is SelectPolicy.MIN

@@ -5,15 +5,15 @@ them back in their queues, deleting them: what `Queue.failed`, `retry`, `retry_a
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import datetime
+from typing import Any
 
 import asyncpg
 from ulid import ULID
 
 from venturi._db.run import Runner
 from venturi._db.sql import Statement
-from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.errors import JobStateError
 from venturi.jobs import FailedJob, JobStatus
 
@@ -32,9 +32,10 @@ class FailedJobs:
         kind: str | None,
         before_id: ULID | None,
         limit: int,
-        codec: Codec = DEFAULT_CODEC,
+        decode: Callable[[Any], Any],
     ) -> list[FailedJob]:
-        """Failed (dead) jobs, newest first, their payloads decoded by `codec`."""
+        """Failed (dead) jobs, newest first, their payloads decoded by `decode` (the
+        codec's)."""
         rows = await self._run.fetch(
             self._q["failed_list"],
             queue=queue,
@@ -47,7 +48,7 @@ class FailedJobs:
                 id=ULID.from_bytes(r["id"].bytes),
                 queue=r["queue"],
                 kind=r["kind"],
-                payload=codec.decode_any(r["payload"]),
+                payload=decode(r["payload"]),
                 error=r["last_error"],
                 failed_at=r["finished_at"],
                 run_count=r["run_count"],
