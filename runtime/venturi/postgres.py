@@ -1523,7 +1523,7 @@ class PostgresStore:
         """Put a dead job back in its queue; returns its status before (None: no such job).
         Only a dead job is changed. A unique job takes its unique id again: while another
         job holds it, `JobStateError` names the holder."""
-        return await self.failed.retry(job_id, note=note)
+        return await self.failed.retry(_as_uuid(job_id), note=note)
 
     @_schema_required
     async def retry_all_failed(
@@ -1545,7 +1545,7 @@ class PostgresStore:
     async def forget_failed(self, job_id: ULID | uuid.UUID) -> JobStatus | None:
         """Delete a dead job and its journal; returns its status (None: no such job). A job
         that is not dead is left alone."""
-        return await self.failed.forget(job_id)
+        return await self.failed.forget(_as_uuid(job_id))
 
     @_schema_required
     async def flush_failed(

@@ -57,11 +57,11 @@ class FailedJobs:
             for r in rows
         ]
 
-    async def retry(self, job_id: ULID | uuid.UUID, *, note: str) -> JobStatus | None:
+    async def retry(self, job: uuid.UUID, *, note: str) -> JobStatus | None:
         """Put a dead job back in its queue (see `failed_retry`); returns its status before
         (None: no such job). Only a dead job is changed. A unique job takes its unique id
         again: while another job holds it, `JobStateError` names the holder."""
-        q, job = self._q, _as_uuid(job_id)
+        q = self._q
         for attempt in range(3):
             try:
                 # Under a savepoint on the caller's connection: a collision is not theirs.
@@ -138,10 +138,10 @@ class FailedJobs:
             after = rows[-1]["id"]
         return total
 
-    async def forget(self, job_id: ULID | uuid.UUID) -> JobStatus | None:
+    async def forget(self, job: uuid.UUID) -> JobStatus | None:
         """Delete a dead job and its journal; returns its status (None: no such job). A job
         that is not dead is left alone."""
-        row = await self._run.fetchrow(self._q["failed_forget"], id=_as_uuid(job_id))
+        row = await self._run.fetchrow(self._q["failed_forget"], id=job)
         return None if row is None else JobStatus(row["status"])
 
     async def flush(
@@ -165,7 +165,3 @@ class FailedJobs:
             total += n
             if n < batch_size:
                 return total
-
-
-def _as_uuid(job_id: ULID | uuid.UUID) -> uuid.UUID:
-    return job_id.to_uuid() if isinstance(job_id, ULID) else job_id
