@@ -8,6 +8,7 @@ Every process started here is stopped by the harness, also when a check fails.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import re
@@ -268,6 +269,45 @@ async def wait_until(check: object, limit: float, what: str) -> None:
         if time.monotonic() > deadline:
             raise AssertionError(f"{what}: not within {limit}s")
         await asyncio.sleep(0.05)
+
+
+class Stalls:
+    """Gaps in this process's event loop longer than `threshold` seconds, as (wall-clock
+    start, length): a machine that stops every process at once (a VM paused, a host out of
+    CPU) stalls the test as it stalls the workers, and a check of when something happened by
+    the wall clock must allow for it. A worker stalled on its own is not seen here."""
+
+    TICK = 0.02
+
+    def __init__(self, threshold: float = 0.5) -> None:
+        self.threshold = threshold
+        self.gaps: list[tuple[float, float]] = []
+
+    def within(self, start: float, end: float) -> float:
+        """Seconds of stall overlapping [start, end] (wall clock)."""
+        return sum(max(0.0, min(end, at + gap) - max(start, at)) for at, gap in self.gaps)
+
+    async def _watch(self) -> None:
+        last = time.time()
+        while True:
+            await asyncio.sleep(self.TICK)
+            now = time.time()
+            if now - last - self.TICK > self.threshold:
+                self.gaps.append((last, now - last))
+            last = now
+
+
+@asynccontextmanager
+async def stalls(threshold: float = 0.5) -> AsyncIterator[Stalls]:
+    """Watch this process's event loop for stalls (see `Stalls`) while the block runs."""
+    watch = Stalls(threshold)
+    task = asyncio.create_task(watch._watch())
+    try:
+        yield watch
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 class HeldRuns:

@@ -27,7 +27,7 @@ import pytest
 from venturi import PostgresStore, Queue
 from venturi.embedded import EmbeddedPostgres
 
-from .harness import FIGURES, Run, fleet, journals, overlaps, read_runs, wait_until
+from .harness import FIGURES, Run, fleet, journals, overlaps, read_runs, stalls, wait_until
 from .worker import Work
 
 LEASE = 3.0
@@ -95,7 +95,7 @@ async def _scenario(
         queue = Queue(store)
         args = ["--concurrency", "4", "--lease", str(LEASE)]
         far_dsn = pg.dsn.replace("127.0.0.1", host_ip)
-        async with fleet(pg.dsn, prefix, tmp_path, args) as workers:
+        async with stalls() as stalled, fleet(pg.dsn, prefix, tmp_path, args) as workers:
             workers.wrapper = ["ip", "netns", "exec", ns]
             far = await workers.start(dsn=far_dsn)
             workers.wrapper = []
@@ -146,14 +146,25 @@ async def _scenario(
         f"partition ({PARTITION:.0f}s, lease {LEASE:.0f}s): the partitioned worker aborted "
         f"{len(aborted)} jobs before their leases ended, {recovered} recovered elsewhere, "
         f"{len(after)} runs by it after the link came back, overlaps {len(clashes)}"
+        + (
+            f"; the machine stood still {sum(g for _, g in stalled.gaps):.1f}s"
+            if stalled.gaps
+            else ""
+        )
     )
     assert clashes == []
     assert aborted, "the partitioned worker should have stopped the jobs it could not renew"
+    # By the wall clock, allowing for the time the whole machine stood still (seen once in
+    # CI: four runs "cancelled" 12 s after the cut, though a 4 s sleep would have ended
+    # them 3.6 s after it had their loop run at all).
     late = [
-        (r.job, r.start - cut, (r.end or 0) - cut)
+        (r.job, r.start - cut, (r.end or 0) - cut, stalled.within(cut, r.end or 0))
         for r in aborted
-        if not cut < (r.end or 0) < cut + LEASE
+        if not cut < (r.end or 0) < cut + LEASE + stalled.within(cut, r.end or 0)
     ]
-    assert late == [], "aborted runs (job, start, end, seconds after the cut)"
+    assert late == [], (
+        "aborted runs (job, start, end: seconds after the cut, seconds this test's own loop "
+        f"stood still meanwhile); every stall: {stalled.gaps}"
+    )
     assert recovered >= len(aborted)
     assert after
