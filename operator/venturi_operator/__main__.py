@@ -197,6 +197,8 @@ async def run(config: OperatorConfig, stop: asyncio.Event | None = None) -> None
         # reconcile calls of many JobQueues on a slow API server.
         lease_kube = Kube(kube.api, executor=ThreadPoolExecutor(1, thread_name_prefix="lease"))
         elector = Elector(lease_kube, election.namespace, election.name, election.identity)
+        # Nothing the reconciler asks of the API server lands once a follower may lead.
+        kube.within_lease(elector.time_left)
         # Also what stops kopf when the lease is lost.
         stopping = stop if stop is not None else asyncio.Event()
 

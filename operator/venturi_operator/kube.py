@@ -89,6 +89,16 @@ server that accepted a connection and then stopped answering would otherwise hol
 call's thread, and the JobQueue's ticks with it, for good."""
 
 
+def request_timeout(left: float | None) -> tuple[float, float]:
+    """(connect, read) seconds for a request that must have reached the API server within
+    `left` seconds (None: no bound): a connection that failed is tried once more (see
+    `Kube`), so two connects and a wait for the reply fit in it."""
+    connect, read = REQUEST_TIMEOUT
+    if left is None:
+        return connect, read
+    return min(connect, left / 4), min(read, left / 2)
+
+
 class Kube:
     def __init__(self, api: client.ApiClient, *, executor: Executor | None = None) -> None:
         """`executor`: the threads its calls run in (None: asyncio's default ones). Leader
@@ -102,6 +112,8 @@ class Kube:
         )
         self.api = api
         self._executor = executor
+        self._time_left: Callable[[], float] | None = None
+        """Seconds this client's requests may still reach the API server (`within_lease`)."""
         self._busy = threading.Condition()
         self._in_flight = 0
         """Requests sent and not yet answered, also those whose caller gave up waiting (a
@@ -122,13 +134,19 @@ class Kube:
             kube_config.load_kube_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
         return cls(client.ApiClient(configuration))
 
+    def within_lease(self, time_left: Callable[[], float]) -> None:
+        """Bound every request of this client by `time_left()`, the seconds this replica may
+        still act as the leader (`Elector.time_left`): none is sent after that, and one still
+        unanswered by then is given up (its connection closed), so that none lands once a
+        follower may have taken over. Each request reads it as it starts."""
+        self._time_left = time_left
+
     async def _call(self, doing: str, method: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
-        """`method(*args, **kwargs)` in a thread, bounded by `REQUEST_TIMEOUT`; an API server
-        that cannot be reached, or does not answer in time, is a `KubeError` ("ApiUnreachable"),
-        as a refusal is one of its own (the caller maps `ApiException`s)."""
-        call = functools.partial(
-            self._counted, method, *args, _request_timeout=REQUEST_TIMEOUT, **kwargs
-        )
+        """`method(*args, **kwargs)` in a thread, bounded by `REQUEST_TIMEOUT` (and by the
+        lease: `within_lease`); an API server that cannot be reached, or does not answer in
+        time, is a `KubeError` ("ApiUnreachable"), as a refusal is one of its own (the caller
+        maps `ApiException`s); a request past the lease is one too ("NotLeading")."""
+        call = functools.partial(self._counted, doing, method, *args, **kwargs)
         try:
             # asyncio.to_thread's way, in this client's executor (None: the loop's default).
             context = contextvars.copy_context()
@@ -142,11 +160,20 @@ class Kube:
                 "ApiUnreachable", f"{doing}: the API server did not answer ({_describe(exc)})"
             ) from None
 
-    def _counted(self, method: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+    def _counted(self, doing: str, method: Callable[..., _T], *args: Any, **kwargs: Any) -> _T:
+        # The lease's time is read here, in the thread, as the request starts: a call that
+        # waited for a free thread may find it over.
+        left = self._time_left() if self._time_left is not None else None
+        if left is not None and left <= 0:
+            raise KubeError(
+                "NotLeading",
+                f"{doing}: not sent: this replica no longer leads (its lease was not renewed "
+                "in time)",
+            )
         with self._busy:
             self._in_flight += 1
         try:
-            return method(*args, **kwargs)
+            return method(*args, _request_timeout=request_timeout(left), **kwargs)
         finally:
             with self._busy:
                 self._in_flight -= 1

@@ -96,10 +96,22 @@ class Elector:
         """The lease's resourceVersion as last read, and when it was first read so."""
         self._renewed: float | None = None
         """When this replica last wrote the lease as its holder (None: it does not lead)."""
+        self._lost = False
+        """Set as `hold` finds leading over (`time_left` is 0 from then on)."""
         self._writing = asyncio.Lock()
         """Held by a renewal and by `release`, so that one never overwrites the other."""
         self.holder: str | None = None
         """The holder as last read."""
+
+    def time_left(self) -> float:
+        """Seconds this replica may still act as the leader: until RENEW_DEADLINE after it
+        last read the lease it then renewed (before its write, so before any follower saw
+        that write and began to count LEASE_SECONDS from it); 0 when it does not lead.
+        Read by the reconciler's API client from its threads (`Kube.within_lease`)."""
+        renewed = self._renewed
+        if renewed is None or self._lost:
+            return 0.0
+        return max(0.0, renewed + self._renew_deadline - self._clock())
 
     @property
     def where(self) -> str:
@@ -142,6 +154,7 @@ class Elector:
             logger.info("leading: %s is now held by %s", self.where, self.identity)
         self.holder = self.identity
         self._renewed = now
+        self._lost = False
         return True
 
     async def acquire(self, stop: asyncio.Event) -> bool:
@@ -181,12 +194,14 @@ class Elector:
                         if await self.look():
                             continue
                     if self.holder != self.identity:
+                        self._lost = True
                         raise LeadershipLost(f"{self.where} is held by {self.holder} now")
                     # Still ours, written by someone else meanwhile (a label, say): again.
                     failure = f"{self.where} changed as it was renewed"
                 except (KubeError, TimeoutError) as exc:
                     failure = f"could not renew {self.where} ({exc})"
                 if self._clock() - renewed >= self._renew_deadline:
+                    self._lost = True
                     raise LeadershipLost(
                         f"{self.where} not renewed for {self._renew_deadline:g}s ({failure})"
                     )

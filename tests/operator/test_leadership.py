@@ -13,7 +13,7 @@ import kmock
 import pytest
 from kube_harness import LEASES, KubeHarness, kube_fixture
 
-from venturi_operator.kube import Kube, LeaseState
+from venturi_operator.kube import REQUEST_TIMEOUT, Kube, KubeError, LeaseState, request_timeout
 from venturi_operator.leadership import Elector, LeadershipLost, lead, step
 
 kube = pytest.fixture(kube_fixture, name="kube")
@@ -143,6 +143,7 @@ async def test_a_leader_that_cannot_renew_stops_leading_within_the_deadline(
     clock.now += 10  # the deadline passes without a renewal
     with pytest.raises(LeadershipLost, match="not renewed for 10s"):
         await asyncio.wait_for(holding, 5)
+    assert a.time_left() == 0
     assert holder(kube) == "a"  # unrenewed: another takes it once it expires
 
 
@@ -164,6 +165,7 @@ async def test_a_leader_that_lost_the_lease_stops_what_it_runs(
     with pytest.raises(LeadershipLost, match="held by b"):
         await asyncio.wait_for(lead(a, operating(), stop), 10)
     assert stopped.is_set()
+    assert a.time_left() == 0  # what it still sends is refused
     assert holder(kube) == "b"
 
 
@@ -204,3 +206,48 @@ async def test_a_lease_taken_as_the_replica_is_told_to_stop_is_given_back(
     monkeypatch.setattr(api, "create_lease", signalled_meanwhile)
     assert not await elector(api, "a", Clock()).acquire(stop)
     assert holder(kube) is None  # given back: a follower need not wait it out
+
+
+def test_a_request_bound_by_the_lease_fits_two_connects_and_a_reply_in_what_is_left() -> None:
+    assert request_timeout(None) == REQUEST_TIMEOUT
+    assert request_timeout(1000.0) == REQUEST_TIMEOUT
+    for left in (10.0, 8.0, 0.5):
+        connect, read = request_timeout(left)
+        assert connect > 0 and read > 0 and 2 * connect + read <= left
+
+
+async def test_the_reconcilers_client_sends_nothing_past_the_lease_and_gives_up_on_it_then(
+    kube: KubeHarness, api: Kube
+) -> None:
+    """A follower may act LEASE_SECONDS after it saw the last renewal; the leader stops at
+    RENEW_DEADLINE after it: whatever its reconciler asked of the API server must have landed
+    by then, or never land (a scale written twice by two leaders)."""
+    clock = Clock()
+    a = elector(api, "a", clock)
+    asked, answer = 0, asyncio.Event()
+
+    async def held() -> None:  # an API server that does not answer (until the test ends)
+        nonlocal asked
+        asked += 1
+        await answer.wait()
+
+    kube.emulator[kmock.method.GET, kmock.resource(LEASES), kmock.name("held")] << held
+    with kube.api_client() as client:
+        acting = Kube(client)
+        acting.within_lease(a.time_left)
+        with pytest.raises(KubeError, match="not sent: this replica no longer leads") as early:
+            await acting.lease(NS, "held")  # not leading yet
+        assert early.value.reason == "NotLeading" and asked == 0
+        assert await a.acquire(asyncio.Event())
+        assert a.time_left() == 10
+        assert await acting.lease(NS, "venturi-operator") is not None  # leading: answered
+        clock.now += 9.2  # renewals failing: 0.8 s left
+        try:
+            with pytest.raises(KubeError) as unanswered:
+                await asyncio.wait_for(acting.lease(NS, "held"), 10)  # not REQUEST_TIMEOUT's 20 s
+        finally:
+            answer.set()
+        assert unanswered.value.reason == "ApiUnreachable" and asked == 1
+        clock.now += 0.8
+        with pytest.raises(KubeError, match="no longer leads"):
+            await acting.lease(NS, "venturi-operator")
