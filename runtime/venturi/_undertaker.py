@@ -14,8 +14,7 @@ crash runs again in another worker: the job id is the idempotency key. Each step
 timeout a little shorter than its lease, so it has stopped before anyone else may take it.
 
 Started by the worker, told of deaths by the worker (settlements) and the rescuer
-(recoveries); calls `PostgresStore.take_hooks`, `take_expired_hooks`, `finish_hooks`,
-`release_hooks` and `next_hook_expiry`.
+(recoveries); calls the store's `failure_steps` (`_db/failure_steps.py`).
 """
 
 from __future__ import annotations
@@ -184,12 +183,14 @@ class Undertaker:
         if cut:
             await asyncio.wait([t for t, _ in cut])
             with contextlib.suppress(Exception):
-                await self._store.release_hooks([h.id for _, h in cut], [h.token for _, h in cut])
+                await self._store.failure_steps.release(
+                    [h.id for _, h in cut], [h.token for _, h in cut]
+                )
 
     async def _take_buried(self) -> None:
         batch, self._buried = self._buried, []
         try:
-            due = await self._store.take_hooks(
+            due = await self._store.failure_steps.take(
                 [d.id for d in batch], [d.token for d in batch], lease_s=self._lease_s
             )
         except BaseException:
@@ -200,7 +201,9 @@ class Undertaker:
         if elsewhere:
             # Recovered here, but of a kind this worker does not run: leave the step to a
             # worker that knows the kind (the next to look takes it).
-            await self._store.release_hooks([h.id for h in elsewhere], [h.token for h in elsewhere])
+            await self._store.failure_steps.release(
+                [h.id for h in elsewhere], [h.token for h in elsewhere]
+            )
         for h in due:
             if h.kind in self._registry:
                 self._start(h, errors.get(h.id))
@@ -209,7 +212,7 @@ class Undertaker:
         """Take orphaned steps whose lease ended; returns seconds until the next look."""
         if not self._kinds:
             return self._poll_max
-        due = await self._store.take_expired_hooks(
+        due = await self._store.failure_steps.take_expired(
             queues=self._queues, kinds=self._kinds, lease_s=self._lease_s, limit=TAKE_LIMIT
         )
         for h in due:
@@ -222,7 +225,7 @@ class Undertaker:
             self._start(h, None)
         if len(due) == TAKE_LIMIT:
             return 0.0
-        until = await self._store.next_hook_expiry(self._queues, self._kinds)
+        until = await self._store.failure_steps.next_expiry(self._queues, self._kinds)
         if until is None:
             return self._poll_max
         # Negative: expired but locked by another worker right now (or taken just above).
@@ -347,7 +350,7 @@ class Undertaker:
         delay = 0.0
         while True:
             try:
-                await self._store.finish_hooks([hook.id], [hook.token])
+                await self._store.failure_steps.finish([hook.id], [hook.token])
             except Exception as exc:
                 if not is_database_failure(exc):
                     raise

@@ -2,9 +2,10 @@
 
 It owns the connection pool and runs every statement (in `_db/queries/`, run by name with
 keyword arguments): the hot path's itself, those of a concern of their own through the classes
-of `_db/` on the same runner (`schema`: migrations and start-up checks; `failed`; `batches`;
-`registry`; `leadership`). It speaks plain records (`_records`), never task types, so the
-typed world above it (Queue, Worker) stays free of SQL.
+of `_db/` on the same runner (`schema`: migrations and start-up checks; `failed`;
+`failure_steps`; `batches`; `registry`; `leadership`; `listener`: LISTEN, on connections of
+its own). It speaks plain records (`_records`), never task types, so the typed world above it
+(Queue, Worker) stays free of SQL.
 
 A store runs its statements on its pool, or, bound by `using(conn)`, on a connection the
 caller holds, inside the caller's transaction: the same statements either way.
@@ -22,35 +23,40 @@ import ssl as ssl_module
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Literal, Self, TypeVar, cast
 
 import asyncpg
-import msgspec
 from ulid import ULID
 
 from venturi import _dsn
 from venturi._db import sql
 from venturi._db.batches import Batches
 from venturi._db.failed import FailedJobs
-from venturi._db.failures import (
-    RETRY_FIRST,
-    breaks_connection,
-    is_configuration_error,
-    is_database_failure,
-    next_delay,
-)
+from venturi._db.failure_steps import FailureSteps
+from venturi._db.failures import breaks_connection
 from venturi._db.leadership import Leadership
+from venturi._db.listening import Listener
+from venturi._db.listening import Listening as Listening  # what `listen` yields
 from venturi._db.registry import Registry
-from venturi._db.run import CallersConnection, Pooled, Runner, detached, discard_if_broken, release
+from venturi._db.rows import history
+from venturi._db.rows import journal as rows_journal
+from venturi._db.run import (
+    CallersConnection,
+    Pooled,
+    Runner,
+    detached,
+    discard_if_broken,
+    release,
+)
 from venturi._db.run import Connection as Connection  # the caller's: see `using`
+from venturi._db.run import Pooler as Pooler
 from venturi._db.schema import MIGRATE_LOCK_TIMEOUT as MIGRATE_LOCK_TIMEOUT
 from venturi._db.schema import MIGRATE_PATIENCE, Schema
 from venturi._records import (
     ClaimedJob,
-    DueHook,
     ExistingJob,
     MergePlan,
     NewBatch,
@@ -73,7 +79,6 @@ from venturi.jobs import (
     JobFilter,
     JobStatus,
     JournalEntry,
-    JournalOutcome,
     MinuteCounts,
     Stats,
 )
@@ -96,41 +101,7 @@ CLOSE_GRACE = 10.0
 logger = logging.getLogger(__name__)
 
 SSLMode = Literal["disable", "prefer", "allow", "require", "verify-ca", "verify-full"]
-Pooler = Literal["none", "transaction"]
-"""What sits between venturi and PostgreSQL: "none" (a direct connection, or a pooler in
-session mode) or "transaction" (PgBouncer, or another pooler, in transaction mode: a server
-connection is venturi's only for the length of one transaction)."""
 POOLERS: tuple[Pooler, ...] = ("none", "transaction")
-
-
-class _HistoryRow(msgspec.Struct):
-    run: int
-    outcome: str
-    at: datetime
-    note: str | None = None
-    attachment: Any = None
-    duration_s: float | None = None
-    worker: str | None = None
-
-
-_history_decoder = msgspec.json.Decoder(list[_HistoryRow])
-
-
-def _history(text: str | None) -> tuple[JournalEntry, ...]:
-    if text is None:
-        return ()
-    return tuple(
-        JournalEntry(
-            run=row.run,
-            outcome=JournalOutcome(row.outcome),
-            at=row.at,
-            note=row.note,
-            attachment=row.attachment,
-            duration=row.duration_s,
-            worker=row.worker,
-        )
-        for row in _history_decoder.decode(text)
-    )
 
 
 CLAIM_COLUMNS = (
@@ -152,12 +123,12 @@ def _claimed_jobs(rows: list[asyncpg.Record]) -> list[ClaimedJob]:
     return [
         ClaimedJob(
             id_, kind, queue, payload, carry, run_count, failures, claim_token, lease_s,
-            backoff_base_s, backoff_cap_s, waited_s, _history(history), max_attempts,
+            backoff_base_s, backoff_cap_s, waited_s, history(history_json), max_attempts,
             timeout_s, batch_id, priority, reserved, trace_context,
         )
         for (
             id_, kind, queue, payload, carry, run_count, failures, claim_token, lease_s,
-            backoff_base_s, backoff_cap_s, waited_s, history, max_attempts, timeout_s,
+            backoff_base_s, backoff_cap_s, waited_s, history_json, max_attempts, timeout_s,
             batch_id, priority, reserved, trace_context,
         ) in rows
     ]  # fmt: skip
@@ -717,7 +688,7 @@ class PostgresStore:
                     payload=row["payload"],
                     carry=row["carry"],
                     run_count=row["run_count"],
-                    journal=_journal(journal),
+                    journal=rows_journal(journal),
                 )
                 plan = decide(existing)
                 if plan.action != "independent":
@@ -979,46 +950,12 @@ class PostgresStore:
             for r in recovered
         ]
 
-    # -- failure steps (failure_hooks.sql) ---------------------------------------------
+    # -- failure steps (`_db/failure_steps.py`) --------------------------------------
 
-    async def take_hooks(
-        self, ids: Sequence[uuid.UUID], tokens: Sequence[uuid.UUID], *, lease_s: float
-    ) -> list[DueHook]:
-        """Extend the leases of failure steps this worker holds and read them; a step
-        missing from the result is no longer this worker's to run."""
-        rows = await self._run.fetch(
-            self._q["hook_take"], ids=list(ids), tokens=list(tokens), lease_s=lease_s
-        )
-        return [_due_hook(r) for r in rows]
-
-    async def take_expired_hooks(
-        self, *, queues: Sequence[str], kinds: Sequence[str], lease_s: float, limit: int = 100
-    ) -> list[DueHook]:
-        """Take failure steps whose lease ended (their worker died first), under new tokens."""
-        rows = await self._run.fetch(
-            self._q["hook_take_expired"],
-            queues=list(queues),
-            kinds=list(kinds),
-            lease_s=lease_s,
-            limit=limit,
-        )
-        return [_due_hook(r) for r in rows]
-
-    async def finish_hooks(self, ids: Sequence[uuid.UUID], tokens: Sequence[uuid.UUID]) -> None:
-        """Mark failure steps done (guarded by their tokens)."""
-        await self._run.execute(self._q["hook_finish"], ids=list(ids), tokens=list(tokens))
-
-    async def release_hooks(self, ids: Sequence[uuid.UUID], tokens: Sequence[uuid.UUID]) -> None:
-        """End this worker's leases of failure steps it will not run (guarded by tokens)."""
-        await self._run.execute(self._q["hook_release"], ids=list(ids), tokens=list(tokens))
-
-    async def next_hook_expiry(self, queues: Sequence[str], kinds: Sequence[str]) -> float | None:
-        """Seconds until the earliest failure step's lease of `queues` and `kinds` ends
-        (negative: already; None: none is pending)."""
-        value: float | None = await self._run.fetchval(
-            self._q["hook_next_expiry"], queues=list(queues), kinds=list(kinds)
-        )
-        return value
+    @property
+    def failure_steps(self) -> FailureSteps:
+        """The failure steps' leases (what the worker's undertaker runs)."""
+        return FailureSteps(self._run, self._q)
 
     async def next_lease_expiry(self, queues: Sequence[str]) -> float | None:
         """Seconds until the earliest lease in `queues` expires (negative if already
@@ -1043,60 +980,46 @@ class PostgresStore:
         assert row is not None
         return NextDue(row["due_in_s"], row["held"])
 
-    def _direct_connect_args(self, purpose: str) -> tuple[str | None, dict[str, Any]]:
-        """asyncpg.connect's arguments for a connection of its own, outside the pool (LISTEN
-        goes there), named `venturi <purpose>` in pg_stat_activity."""
-        assert self._connect_args is not None
-        dsn, options = self._connect_args
-        options = {k: v for k, v in options.items() if k not in _POOL_ONLY}
-        settings = dict(options.get("server_settings") or {})
-        settings["application_name"] = f"{settings.get('application_name', 'venturi')} {purpose}"
-        options["server_settings"] = settings
-        return dsn, options
+    # -- LISTEN (`_db/listening.py`) -------------------------------------------------
 
-    @asynccontextmanager
-    async def listen(
+    @property
+    def listener(self) -> Listener:
+        """LISTEN on this store's channels (what the methods below call)."""
+        return Listener(
+            self._pool_or_raise,
+            self._q,
+            prefix=self._prefix,
+            pooler=self._pooler,
+            connect_args=self._connect_args,
+            bound=self._conn is not None,
+        )
+
+    def listen(
         self,
         on_notify: Callable[[str], None],
         on_lost: Callable[[], None],
         on_lease: Callable[[str, float], None] | None = None,
         on_queue: Callable[[str, bool], None] | None = None,
         on_batch: Callable[[uuid.UUID], None] | None = None,
-    ) -> AsyncIterator[Listening]:
+    ) -> AbstractAsyncContextManager[Listening]:
         """Hold one connection LISTENing on the store's channel.
 
         `on_notify(kind)` runs for every job made claimable (an empty kind: any);
         `on_lease(queue, seconds)` for a claim that took leases ending sooner than any its
         worker held; `on_queue(queue, paused)` when a queue is paused or resumed;
-        `on_lost()` when the connection terminates. Yields a handle to probe the connection
-        for liveness.
+        `on_batch(id)` when a batch is cancelled; `on_lost()` when the connection
+        terminates. Yields a handle to probe the connection for liveness.
         """
+        return self.listener.listen(on_notify, on_lost, on_lease, on_queue, on_batch)
 
-        def control(_prefix: str, payload: str) -> None:
-            if payload.startswith(_LEASE_NOTICE):
-                if on_lease is not None:
-                    _, seconds, queue = payload.split(" ", 2)
-                    on_lease(queue, float(seconds))
-            elif payload.startswith(_QUEUE_NOTICE) and on_queue is not None:
-                _, change, queue = payload.split(" ", 2)
-                on_queue(queue, change == "pause")
-            elif payload.startswith(_BATCH_NOTICE) and on_batch is not None:
-                on_batch(uuid.UUID(payload[len(_BATCH_NOTICE) :]))
-
-        async with self.listen_queues(
-            [self._prefix], lambda _prefix, kind: on_notify(kind), on_lost, on_control=control
-        ) as listening:
-            yield listening
-
-    @asynccontextmanager
-    async def listen_queues(
+    def listen_queues(
         self,
         prefixes: Sequence[str],
         on_notify: Callable[[str, str], None],
         on_lost: Callable[[], None],
         *,
         on_control: Callable[[str, str], None] | None = None,
-    ) -> AsyncIterator[Listening]:
+    ) -> AbstractAsyncContextManager[Listening]:
         """One connection LISTENing on the channels of several queues of this database
         (`on_notify(prefix, kind)`): a watcher of many queues holds one connection, not one
         per queue. Notifications that are not about a kind (they start with "!") go to
@@ -1106,55 +1029,7 @@ class PostgresStore:
         (LISTEN is session state, and a long-held pooled connection would shrink the pool
         the worker's loops and handlers share); a `from_pool` store takes one from the pool.
         """
-        if self._conn is not None:
-            raise TypeError(
-                "a store bound to the caller's connection (using) cannot LISTEN: LISTEN needs "
-                "a connection of its own; listen on the store it was made from"
-            )
-        if not self.can_listen:
-            raise TypeError(
-                "this store connects through a transaction pooler (pooler='transaction'), "
-                "which cannot keep a LISTEN: pass listen_dsn= (a direct connection to "
-                "PostgreSQL) to listen, or poll"
-            )
-        channels = {f"{sql.validate_prefix(p)}_jobs": p for p in prefixes}
-
-        def notified(_conn: object, _pid: int, channel: str, payload: object) -> None:
-            text = str(payload)
-            if text.startswith("!"):
-                if on_control is not None:
-                    on_control(channels[channel], text)
-            else:
-                on_notify(channels[channel], text)
-
-        def terminated(_conn: object) -> None:
-            on_lost()
-
-        pool = self._pool_or_raise()
-        if self._connect_args is not None:
-            dsn, options = self._direct_connect_args("listen")
-            conn: Any = await asyncpg.connect(dsn, **options)
-        else:
-            conn = await pool.acquire()
-        try:
-            conn.add_termination_listener(terminated)
-            # Read first: the LISTENs stay the session's last statements until a probe.
-            idle = await conn.fetchval(self._q["idle_session_timeout"].text)
-            for channel in channels:
-                await conn.add_listener(channel, notified)
-            yield Listening(conn, self._q["connection_probe"].text, idle_timeout=idle or None)
-        finally:
-            # Close rather than UNLISTEN channel by channel: it cannot be interrupted
-            # half-way (by a cancellation at shutdown). A pooled connection that died is
-            # already back in its pool (detached from this proxy), and has nothing to close.
-            if self._connect_args is not None:
-                conn.remove_termination_listener(terminated)
-                conn.terminate()
-            else:
-                if not detached(conn):
-                    conn.remove_termination_listener(terminated)
-                    conn.terminate()
-                await release(pool, conn)
+        return self.listener.listen_queues(prefixes, on_notify, on_lost, on_control=on_control)
 
     # -- flow control (venturi.flow) -------------------------------------------------
 
@@ -1195,75 +1070,8 @@ class PostgresStore:
         its own to `listen_dsn`, or without one it looks at the job, reading only, backing
         off as the worker's loops do after a failed statement (0.05 s doubling to 1 s)."""
         key = _as_uuid(job_id)
-        if not self.can_listen:
-            # Through a transaction pooler without a listen_dsn: LISTEN would not hold.
-            delay = RETRY_FIRST
-            while True:
-                try:
-                    if await self._run.fetchval(self._q["job_unfinished"], id=key) is None:
-                        return await self.get_job(key, codec)
-                except Exception as exc:  # an outage: look again once it answers
-                    if not is_database_failure(exc) or is_configuration_error(exc):
-                        raise
-                await asyncio.sleep(delay)
-                delay = next_delay(delay)
-        done = asyncio.Event()
-
-        def notified(_conn: object, _pid: int, _channel: str, payload: object) -> None:
-            if payload == str(key):
-                done.set()
-
-        delay = RETRY_FIRST
-        while not done.is_set():
-            lost = asyncio.Event()
-            try:
-                async with self._listening_connection() as conn:
-
-                    def on_lost(_conn: object, lost: asyncio.Event = lost) -> None:
-                        lost.set()
-
-                    conn.add_termination_listener(on_lost)
-                    await conn.add_listener(self.results_channel, notified)
-                    try:
-                        stmt = self._q["job_await"]
-                        if await conn.fetchval(stmt.text, *stmt.args({"id": key})) is None:
-                            break  # finished (or no such job)
-                        await _first_of(done, lost)
-                    finally:
-                        if not detached(conn) and not conn.is_closed():
-                            conn.remove_termination_listener(on_lost)
-                            await conn.remove_listener(self.results_channel, notified)
-            except Exception as exc:
-                # Waited out: an outage. Raised: a refusal no wait mends (a missing table,
-                # no privilege, a bad password), as any other call would raise it.
-                if not is_database_failure(exc) or is_configuration_error(exc):
-                    raise
-            if not done.is_set():
-                # The connection went away (an outage, a restart): listen again, and look
-                # again, once the database answers; the caller's timeout bounds it all.
-                await asyncio.sleep(delay)
-                delay = next_delay(delay)
+        await self.listener.until_finished(self._run, key)
         return await self.get_job(key, codec)
-
-    @asynccontextmanager
-    async def _listening_connection(self) -> AsyncIterator[Any]:
-        """A connection that may LISTEN: one of the pool's, or, through a transaction
-        pooler, a direct one to `listen_dsn` of its own (closed after)."""
-        if self._pooler == "none":
-            pool = self._pool_or_raise()
-            pooled = await pool.acquire()
-            try:
-                yield pooled
-            finally:
-                await release(pool, pooled)  # one that died meanwhile is dropped
-            return
-        assert self._connect_args is not None  # can_listen
-        dsn, options = self._direct_connect_args("result")
-        conn = await asyncpg.connect(dsn, **options)
-        try:
-            yield conn
-        finally:
-            conn.terminate()
 
     @_schema_required
     async def list_jobs(self, f: JobFilter, codec: Codec = DEFAULT_CODEC) -> list[Job]:
@@ -1364,7 +1172,7 @@ class PostgresStore:
     @_schema_required
     async def journal(self, job_id: ULID | uuid.UUID) -> list[JournalEntry]:
         rows = await self._run.fetch(self._q["journal_list_for_job"], id=_as_uuid(job_id))
-        return list(_journal(rows))
+        return list(rows_journal(rows))
 
     @_schema_required
     async def stats(self) -> Stats:
@@ -1598,51 +1406,8 @@ def _job(row: asyncpg.Record, codec: Codec) -> Job:
     )
 
 
-def _due_hook(r: asyncpg.Record) -> DueHook:
-    return DueHook(
-        id=r["id"],
-        token=r["hook_token"],
-        kind=r["kind"],
-        queue=r["queue"],
-        payload=r["payload"],
-        carry=r["carry"],
-        run_count=r["run_count"],
-        failures=r["failures"],
-        last_error=r["last_error"],
-        failed_at=r["finished_at"],
-        history=_history(r["history"]),
-        batch_id=r["batch_id"],
-    )
-
-
 def _decoded(text: str | None, codec: Codec) -> Any:
     return None if text is None else codec.decode_any(text)
-
-
-def _journal(rows: Sequence[asyncpg.Record]) -> tuple[JournalEntry, ...]:
-    # Attachments are JSON written by `ctx.attach`, not by a task codec.
-    return tuple(
-        JournalEntry(
-            run=r["run"],
-            outcome=JournalOutcome(r["outcome"]),
-            at=r["at"],
-            note=r["note"],
-            attachment=None if r["attachment"] is None else msgspec.json.decode(r["attachment"]),
-            duration=r["duration_s"],
-            worker=r["worker"],
-        )
-        for r in rows
-    )
-
-
-_LEASE_NOTICE = "!lease "
-"""Payload prefix of a claim's lease announcement: "!lease <seconds> <queue>"."""
-_QUEUE_NOTICE = "!queue "
-"""Payload prefix of a pause or resume: "!queue pause <queue>", "!queue resume <queue>"."""
-_BATCH_NOTICE = "!batch "
-"""Payload prefix of a batch's cancellation (migration 0023): "!batch <id>"."""
-_POOL_ONLY = frozenset({"setup", "init", "max_queries", "max_inactive_connection_lifetime"})
-"""Pool arguments that a single connection does not take."""
 
 
 def _check_pooler(pooler: object) -> Pooler:
@@ -1690,25 +1455,6 @@ def _dedup_lock_key(prefix: str, job: NewJob) -> int:
     return int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big", signed=True)
 
 
-class Listening:
-    """A live LISTEN connection, as `PostgresStore.listen` yields it."""
-
-    def __init__(self, conn: Any, probe_sql: str, *, idle_timeout: float | None = None) -> None:
-        self._conn = conn
-        self._probe_sql = probe_sql
-        self.idle_timeout = idle_timeout
-        """The server's idle_session_timeout in seconds (None: none): the server ends the
-        session after that long without a statement, so it must be probed more often."""
-
-    async def probe(self) -> None:
-        """Round-trip a trivial query; raises if the connection is dead."""
-        await self._conn.fetchval(self._probe_sql)
-
-    def abort(self) -> None:
-        """Drop the connection at once (after a failed probe)."""
-        self._conn.terminate()
-
-
 @asynccontextmanager
 async def _just(run: Runner) -> AsyncIterator[Runner]:
     """`run` itself, as a context manager (where no transaction is wanted)."""
@@ -1719,16 +1465,6 @@ def _as_uuid(job_id: ULID | uuid.UUID) -> uuid.UUID:
     if isinstance(job_id, ULID):
         return job_id.to_uuid()
     return job_id
-
-
-async def _first_of(*events: asyncio.Event) -> None:
-    """Wait until any of `events` is set."""
-    waiters = [asyncio.ensure_future(e.wait()) for e in events]
-    try:
-        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for w in waiters:
-            w.cancel()
 
 
 def _running_loop(default: asyncio.AbstractEventLoop) -> asyncio.AbstractEventLoop:

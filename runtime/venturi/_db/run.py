@@ -9,7 +9,7 @@ import asyncio
 import contextlib
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
 import asyncpg
 
@@ -21,6 +21,12 @@ if TYPE_CHECKING:
     """A connection of the caller's: asyncpg's own, or one acquired from a pool."""
 else:  # asyncpg's classes are generic in its stubs only
     Connection = asyncpg.Connection | asyncpg.pool.PoolConnectionProxy
+
+
+Pooler = Literal["none", "transaction"]
+"""What sits between venturi and PostgreSQL: "none" (a direct connection, or a pooler in
+session mode) or "transaction" (PgBouncer, or another pooler, in transaction mode: a server
+connection is venturi's only for the length of one transaction)."""
 
 
 class Runner(Protocol):
