@@ -28,7 +28,7 @@ from venturi._db.failures import (
 from venturi._db.run import Pooler, Runner, detached, release
 from venturi._db.sql import Statement
 
-ConnectArgs = tuple[str | None, dict[str, Any]]
+DirectConnect = tuple[str | None, dict[str, Any]]
 """asyncpg.connect's dsn and options."""
 
 LEASE_NOTICE = "!lease "
@@ -70,7 +70,7 @@ class Listener:
         *,
         prefix: str,
         pooler: Pooler,
-        connect_args: ConnectArgs | None,
+        connect_args: DirectConnect | None,
         bound: bool,
     ) -> None:
         self._pool = pool
@@ -92,7 +92,7 @@ class Listener:
     def results_channel(self) -> str:
         return f"{self._prefix}_results"
 
-    def direct_connect_args(self, purpose: str) -> ConnectArgs:
+    def direct_connect_args(self, purpose: str) -> DirectConnect:
         """asyncpg.connect's arguments for a connection of its own, outside the pool (LISTEN
         goes there), named `venturi <purpose>` in pg_stat_activity."""
         assert self._connect_args is not None
