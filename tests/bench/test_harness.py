@@ -329,3 +329,30 @@ async def test_the_stats_bench_gives_each_pending_job_its_own_run_at(
     stats = await Queue(store).stats()
     assert stats.pending == 400
     assert sum(len(q.oldest_pending_age_by_kind) for q in stats.queues.values()) == KINDS * QUEUES
+
+
+def test_the_floor_bench_reads_every_stage_of_a_pickup() -> None:
+    """`python -m bench.floor` on its own server: the paced floor, and the pickup with the
+    server's time for each of its statements, found in the server's log by how they begin
+    (a statement that changed its opening would drop out of the report)."""
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-m", "bench.floor", "--n", "30"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    ).stdout
+    labels = {" ".join(line.split("p50")[0].split()) for line in out.splitlines() if "p99" in line}
+    assert labels == {
+        "SELECT 1 back to back",
+        "SELECT 1 every 20 ms",
+        "one-row INSERT back to back",
+        "one-row INSERT every 20 ms",
+        "pickup",
+        "enqueue call (producer)",
+        "server: enqueue (INSERT)",
+        "server: claim",
+        "server: settlement",
+    }, out
