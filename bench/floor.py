@@ -33,6 +33,7 @@ from pathlib import Path
 
 import asyncpg
 
+from bench.harness import percentile
 from venturi import Context, Outcome, PostgresStore, Queue, Task, Worker
 from venturi.embedded import EmbeddedPostgres
 
@@ -61,12 +62,8 @@ class Ping(Task):
 
 
 def quantiles(values: list[float]) -> str:
-    ordered = sorted(values)
-
-    def at(p: float) -> float:
-        return ordered[min(len(ordered) - 1, int(p * len(ordered)))]
-
-    return f"p50 {at(0.5):6.2f}  p90 {at(0.9):6.2f}  p99 {at(0.99):6.2f} ms"
+    p50, p90, p99 = (percentile(values, p) for p in (50, 90, 99))
+    return f"p50 {p50:6.2f}  p90 {p90:6.2f}  p99 {p99:6.2f} ms"
 
 
 async def paced(call: Callable[[], Awaitable[object]], n: int, pace: float) -> list[float]:

@@ -400,7 +400,7 @@ class PostgresStore:
         """False through a transaction pooler without a `listen_dsn`: LISTEN is session
         state, which such a pooler does not keep; workers then poll (bounded by
         `poll_max`)."""
-        return self._pooler == "none" or self._connect_args is not None
+        return self.listener.can_listen
 
     @property
     def channel(self) -> str:
@@ -989,6 +989,7 @@ class PostgresStore:
             self._pool_or_raise,
             self._q,
             prefix=self._prefix,
+            results_channel=self.results_channel,
             pooler=self._pooler,
             connect_args=self._connect_args,
             bound=self._conn is not None,

@@ -69,6 +69,7 @@ class Listener:
         queries: Mapping[str, Statement],
         *,
         prefix: str,
+        results_channel: str,
         pooler: Pooler,
         connect_args: DirectConnect | None,
         bound: bool,
@@ -76,6 +77,8 @@ class Listener:
         self._pool = pool
         self._q = queries
         self._prefix = prefix
+        self.results_channel = results_channel
+        """Where a finished job that is awaited is announced (payload: its uuid)."""
         self._pooler = pooler
         self._connect_args = connect_args
         """How LISTEN connects, on a connection of its own outside the pool (None: it takes
@@ -85,12 +88,8 @@ class Listener:
 
     @property
     def can_listen(self) -> bool:
-        """See `PostgresStore.can_listen`."""
+        """False through a transaction pooler without a direct connection to listen on."""
         return self._pooler == "none" or self._connect_args is not None
-
-    @property
-    def results_channel(self) -> str:
-        return f"{self._prefix}_results"
 
     def direct_connect_args(self, purpose: str) -> DirectConnect:
         """asyncpg.connect's arguments for a connection of its own, outside the pool (LISTEN
