@@ -66,17 +66,33 @@ class ConnectArgs:
 
 
 def connect_args(dsn: str | None) -> ConnectArgs:
-    """A URI passes through (its `application_name`, if any, read so it is kept); a libpq
-    keyword/value string is converted; None (the PG* environment variables) stays None."""
+    """A libpq keyword/value string is converted; a URI keeps its form, its query parameters
+    read by the same rules (asyncpg would send `connect_timeout` or `keepalives` to the server
+    as a setting, which refuses it); None (the PG* environment variables) stays None."""
     if dsn is None:
         return ConnectArgs(None)
     if not isinstance(dsn, str):
         raise TypeError(f"dsn: expected a connection string (a str) or None, got {type(dsn)}")
     if dsn.startswith(URI_PREFIXES):
-        query = urllib.parse.urlsplit(dsn).query
-        names = urllib.parse.parse_qs(query).get("application_name")
-        return ConnectArgs(dsn, server_settings={"application_name": names[-1]} if names else {})
+        return _from_uri(dsn)
     return _from_keywords(parse_keywords(dsn))
+
+
+def _from_uri(dsn: str) -> ConnectArgs:
+    """The URI with the libpq parameters asyncpg takes separately moved out of its query,
+    checked as in the keyword form. Parameters libpq does not know stay: asyncpg sends them
+    to the server as settings (`?search_path=app`), as it documents."""
+    parts = urllib.parse.urlsplit(dsn)
+    pairs = urllib.parse.parse_qsl(parts.query, keep_blank_values=True)
+    separate = {k: v for k, v in pairs if k in _SEPARATE_KEYWORDS}
+    for keyword, _ in pairs:
+        if keyword in _LIBPQ_OTHERS:
+            raise _unsupported(keyword)
+    if not separate:
+        return ConnectArgs(dsn)  # as written: nothing to take out
+    timeout, settings = _separate(separate)
+    kept = urllib.parse.urlencode([(k, v) for k, v in pairs if k not in _SEPARATE_KEYWORDS])
+    return ConnectArgs(urllib.parse.urlunsplit(parts._replace(query=kept)), timeout, settings)
 
 
 def parse_keywords(text: str) -> dict[str, str]:
@@ -137,23 +153,41 @@ def parse_keywords(text: str) -> dict[str, str]:
 
 def _from_keywords(pairs: dict[str, str]) -> ConnectArgs:
     for keyword in pairs:
-        if keyword == "client_encoding":  # accepted as long as it asks for what asyncpg does
-            if pairs[keyword].replace("-", "").lower() != "utf8":
-                raise ValueError("connection string: client_encoding must be UTF8 (asyncpg's only)")
-        elif keyword in _QUERY_KEYWORDS or keyword in _SEPARATE_KEYWORDS:
+        if keyword in _QUERY_KEYWORDS or keyword in _SEPARATE_KEYWORDS:
             continue
         elif keyword in _LIBPQ_OTHERS:
-            raise ValueError(
-                f"connection string: the libpq keyword {keyword!r} is not supported (venturi "
-                f"connects with asyncpg, which implements host, port, dbname, user, password, "
-                f"passfile, service, the ssl* keywords, target_session_attrs, krbsrvname, "
-                f"gsslib, connect_timeout, application_name and options)"
-            )
+            raise _unsupported(keyword)
         else:  # maybe part of an unquoted value (a password with a space): never quoted
             raise ValueError(
                 "connection string: a keyword that libpq does not know (a value that holds "
                 "spaces must be in single quotes)"
             )
+    timeout, settings = _separate(pairs)
+    # Empty values mean "not set" to libpq (the default applies).
+    query = {k: v for k, v in pairs.items() if k in _QUERY_KEYWORDS and v != ""}
+    return ConnectArgs(
+        "postgresql://?" + urllib.parse.urlencode(query) if query else "postgresql://",
+        timeout,
+        settings,
+    )
+
+
+def _unsupported(keyword: str) -> ValueError:
+    return ValueError(
+        f"connection string: the libpq keyword {keyword!r} is not supported (venturi "
+        f"connects with asyncpg, which implements host, port, dbname, user, password, "
+        f"passfile, service, the ssl* keywords, target_session_attrs, krbsrvname, "
+        f"gsslib, connect_timeout, application_name and options)"
+    )
+
+
+def _separate(pairs: dict[str, str]) -> tuple[float | None, dict[str, str]]:
+    """The connect timeout and server settings from the keywords asyncpg takes apart from
+    its DSN (`_SEPARATE_KEYWORDS`; any others in `pairs` are ignored here)."""
+    encoding = pairs.get("client_encoding")
+    # Accepted as long as it asks for what asyncpg does.
+    if encoding is not None and encoding.replace("-", "").lower() != "utf8":
+        raise ValueError("connection string: client_encoding must be UTF8 (asyncpg's only)")
     settings: dict[str, str] = {}
     name = pairs.get("application_name") or pairs.get("fallback_application_name")
     if name:
@@ -168,13 +202,7 @@ def _from_keywords(pairs: dict[str, str]) -> ConnectArgs:
             raise ValueError("connection string: connect_timeout must be whole seconds") from None
         # libpq: zero or negative waits indefinitely; the least timeout is 2 s.
         timeout = math.inf if seconds <= 0 else float(max(seconds, 2))
-    # Empty values mean "not set" to libpq (the default applies).
-    query = {k: v for k, v in pairs.items() if k in _QUERY_KEYWORDS and v != ""}
-    return ConnectArgs(
-        "postgresql://?" + urllib.parse.urlencode(query) if query else "postgresql://",
-        timeout,
-        settings,
-    )
+    return timeout, settings
 
 
 _LIBPQ_OTHERS = frozenset(

@@ -35,7 +35,7 @@ from ulid import ULID
 from venturi import logs
 from venturi._records import ClaimedJob, Settlement
 from venturi.backoff import Backoff, retry_delay
-from venturi.codec import DEFAULT_CODEC, Codec, looks_sealed
+from venturi.codec import DEFAULT_CODEC, Codec, looks_sealed, stored_text
 from venturi.context import Cancellation, CancelReason, Context, ProgressCell
 from venturi.errors import PayloadError
 from venturi.outcome import Outcome, PanicPolicy, TaskError, failure_note
@@ -83,11 +83,13 @@ async def execute(
     """Run `job` and return its settlement. A forced abort by venturi becomes a release.
     `progress` is where the run's `ctx.progress` goes (the runner's, for lease renewals)."""
     log_extra = logs.job_fields(job.id, job.kind, job.queue, job.run_count)
+    what = "payload"
     try:
         task = policy.codec.decode(reg.task_type, job.payload, kind=job.kind, job_id=job.id)
+        what = "carry"
         carry = _decode_carry(policy.codec, reg.carry_type, job)
-    except (msgspec.ValidationError, msgspec.DecodeError, TypeError, ValueError) as exc:
-        note = f"undecodable payload for kind {job.kind!r}: {_decode_error(exc, job)}"
+    except Exception as exc:  # anything: a task's own __post_init__ check, a codec's bug
+        note = f"undecodable {what} for kind {job.kind!r}: {_decode_error(exc, job)}"
         logger.error("job %s (%s) dead: %s", logs.ShownId(job.id), job.kind, note, extra=log_extra)
         return Settlement.of(job, "dead", note=note, duration_s=0.0, hook_token=uuid.uuid4())
 
@@ -166,10 +168,14 @@ async def execute(
         return _failure(job, ctx, policy, exc, started, permanent=permanent)
     unrecordable = functools.partial(_unrecordable, job, policy, duration)
     if result.result_json is not None and is_encrypted_kind(job.kind):
-        # Results are stored as plain JSON: an encrypted task's must not reach the table.
-        refused = TypeError(f"{job.kind} is an encrypted task: its results are not stored")
-        permanent = policy.panic_policy is PanicPolicy.DEAD
-        return _failure(job, ctx, policy, refused, started, permanent=permanent)
+        # Results are stored as plain JSON: an encrypted task's must not reach the table. The
+        # run's work is done, and every retry would return a result again: dead, not retried
+        # (a retry would do the work again, and again).
+        refused = TypeError(
+            f"{job.kind} is an encrypted task: its results are not stored (the run is not "
+            "retried: its work is done)"
+        )
+        return _failure(job, ctx, policy, refused, started, permanent=True)
     if result.status == "completed":
         return Settlement.of(
             job,
@@ -183,7 +189,7 @@ async def execute(
         )
     carry_json, carry_error = _encode_carry(policy.codec, ctx)
     if carry_error is not None:
-        return _failure(job, ctx, policy, carry_error, started, permanent=False)
+        return _failure(job, ctx, policy, carry_error, started, permanent=False, carry_failed=True)
     return Settlement.of(
         job,
         "paused",
@@ -271,10 +277,16 @@ def _decode_error(exc: Exception, job: ClaimedJob) -> str:
     """The decoder's message, but of an encrypted task's payload or carry only where it went
     wrong: msgspec quotes the value it rejected ("Invalid enum value 'visa-...'"), and the
     message becomes the job's last error, its journal note and a log line, which never hold
-    an encrypted task's plaintext."""
-    if not isinstance(exc, msgspec.ValidationError) or not (
-        is_encrypted_kind(job.kind) or looks_sealed(job.payload)
-    ):
+    an encrypted task's plaintext. Another exception (raised by the task class's own
+    `__post_init__`, or a codec's) is named by its type, with its message unless encrypted."""
+    encrypted = is_encrypted_kind(job.kind) or looks_sealed(job.payload)
+    if not isinstance(exc, (msgspec.ValidationError, msgspec.DecodeError, TypeError, ValueError)):
+        if encrypted:
+            return (
+                f"{type(exc).__name__} (its message is withheld: it may quote the decrypted value)"
+            )
+        return failure_note(exc)
+    if not isinstance(exc, msgspec.ValidationError) or not encrypted:
         return str(exc)
     at = _AT_PATH.search(str(exc))
     where = f" at `{at.group(1)}`" if at else ""
@@ -296,7 +308,8 @@ def _encode_carry(codec: Codec, ctx: Context[Any]) -> tuple[str | None, Exceptio
     if ctx.carry is None:
         return None, None
     try:
-        return codec.encode(ctx.carry, role="carry", kind=ctx.kind, job_id=ctx.job_id), None
+        text = codec.encode(ctx.carry, role="carry", kind=ctx.kind, job_id=ctx.job_id)
+        return stored_text(codec, text, role="carry", kind=ctx.kind), None
     except PayloadError as exc:
         return None, exc
 
@@ -309,10 +322,22 @@ def _failure(
     started: float,
     *,
     permanent: bool,
+    carry_failed: bool = False,
 ) -> Settlement:
-    """The run failed with `exc`; its carry and attachment are kept."""
+    """The run failed with `exc`; its carry and attachment are kept. A carry that cannot be
+    stored is not: the note and a warning say so, and the next attempt starts from the carry
+    stored before (`carry_failed`: `exc` is that carry's error, already the note)."""
     message = failure_note(exc)
-    carry_json, _ = _encode_carry(policy.codec, ctx)
+    carry_json, carry_error = (None, None) if carry_failed else _encode_carry(policy.codec, ctx)
+    if carry_error is not None:
+        message = f"{message}; its carry was not saved: {carry_error}"
+        logger.warning(
+            "job %s (%s): the failed run's carry was not saved: %s",
+            logs.ShownId(job.id),
+            job.kind,
+            carry_error,
+            extra=logs.job_fields(job.id, job.kind, job.queue, job.run_count),
+        )
     attachment = ctx.attachment.decode() if ctx.attachment is not None else None
     duration = time.monotonic() - started
     return _failed(
@@ -328,6 +353,13 @@ def _failure(
         progress=ctx.progress_json,
         unrecordable=functools.partial(_unrecordable, job, policy, duration),
     )
+
+
+def crashed(job: ClaimedJob, policy: Policy, exc: Exception, duration_s: float) -> Settlement:
+    """A failed execution standing in for a run that `execute` itself could not finish (a bug
+    of venturi's, never the handler's: its exceptions are failures already)."""
+    message = f"venturi failed running the job: {failure_note(exc)}"
+    return _failed(job, policy, message, permanent=False, error=exc, duration_s=duration_s)
 
 
 def _unrecordable(job: ClaimedJob, policy: Policy, duration_s: float, reason: str) -> Settlement:

@@ -27,7 +27,7 @@ from ulid import ULID
 from venturi import _current, logs
 from venturi._completer import Completer
 from venturi._db.failures import describe, is_database_failure
-from venturi._executor import Policy, Registration, execute
+from venturi._executor import Policy, Registration, crashed, execute
 from venturi._hooks import HookSet
 from venturi._records import ClaimedJob, Settlement
 from venturi.context import Cancellation, CancelReason, ProgressCell
@@ -252,9 +252,18 @@ class Runner:
         began = loop.time()
         _current.run.set(_current.Run(self._completer.store, job))  # this run's task only
         try:
-            settlement = await execute(
-                job, held.reg, self._app, self._policy, held.cancellation, held.progress
-            )
+            try:
+                settlement = await execute(
+                    job, held.reg, self._app, self._policy, held.cancellation, held.progress
+                )
+            except Exception as exc:  # a bug: the job must not stay claimed until its lease
+                logger.exception(
+                    "job %s (%s): venturi failed running it; recorded as a failed run",
+                    logs.ShownId(job.id),
+                    job.kind,
+                    extra=logs.job_fields(job.id, job.kind, job.queue, job.run_count),
+                )
+                settlement = crashed(job, self._policy, exc, loop.time() - began)
             self.handler_ewma = _ewma(self.handler_ewma, loop.time() - began)
             self.handler_samples += 1
             if self._hooks.active:

@@ -14,6 +14,7 @@ import os
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from venturi._shown import shown
 from venturi.backoff import Backoff, Seconds, to_seconds
 from venturi.outcome import PanicPolicy
 from venturi.task import KIND_PATTERN, NAME_RULE
@@ -53,7 +54,7 @@ def check_kind(value: object, *, setting: str = "kind") -> str:
     """A KIND given as text (a filter, a command-line flag): 1-200 characters, ASCII letters,
     digits and `_ . : / -`, starting with a letter or digit."""
     if not isinstance(value, str) or not KIND_PATTERN.fullmatch(value):
-        raise ValueError(f"{setting}: invalid KIND {value!r:.80}: expected {NAME_RULE}")
+        raise ValueError(f"{setting}: invalid KIND {shown(value)}: expected {NAME_RULE}")
     return value
 
 
@@ -86,7 +87,7 @@ def resolve_metrics_host(value: str | None, environ: Mapping[str, str] = os.envi
         except ValueError:
             raise ValueError(
                 f"metrics_host: expected an IP address to listen on (such as 127.0.0.1, "
-                f"0.0.0.0 or ::) or 'localhost', got {value!r:.80}"
+                f"0.0.0.0 or ::) or 'localhost', got {shown(value)}"
             ) from None
     return value
 

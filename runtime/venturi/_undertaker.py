@@ -283,13 +283,16 @@ class Undertaker:
         if not has_hook(reg.task_type):
             return
         try:
-            task = self._codec.decode(reg.task_type, hook.payload)
+            # With the job's id and kind: a sealed value opens only with them.
+            task = self._codec.decode(reg.task_type, hook.payload, kind=hook.kind, job_id=hook.id)
             carry = None
             if reg.carry_type is not None:
                 carry = (
                     reg.carry_type()
                     if hook.carry is None
-                    else self._codec.decode(reg.carry_type, hook.carry)
+                    else self._codec.decode(
+                        reg.carry_type, hook.carry, kind=hook.kind, job_id=hook.id
+                    )
                 )
         except Exception as exc:
             logger.error(

@@ -11,6 +11,8 @@ import math
 from dataclasses import dataclass
 from datetime import timedelta
 
+from venturi._shown import shown
+
 Seconds = float | timedelta
 """A duration: seconds as a number, or a `timedelta`."""
 
@@ -35,7 +37,7 @@ def to_seconds(value: Seconds, *, name: str, low: float = 0.0, high: float = MAX
     if not low <= seconds <= high:  # also rejects NaN
         raise ValueError(
             f"{name}: expected a duration from {describe(low)} to {describe(high)}, "
-            f"got {value!r:.60}"
+            f"got {shown(value, 60)}"
         )
     return seconds
 

@@ -28,6 +28,7 @@ from typing import Any, Literal
 
 from ulid import ULID
 
+from venturi._shown import shown
 from venturi.postgres import Connection
 from venturi.task import Task
 
@@ -54,7 +55,7 @@ class Batch:
         ):
             raise ValueError(
                 f"batch name: expected a non-blank string of at most {NAME_MAX_CHARS} "
-                f"characters without NUL, got {name!r:.80}"
+                f"characters without NUL, got {shown(name)}"
             )
         self.name = name
         self.members: list[Task[Any]] = []
@@ -117,4 +118,4 @@ class Batch:
 
 def _check_task(task: object, method: str) -> None:
     if not isinstance(task, Task):
-        raise TypeError(f"Batch.{method}: expected a venturi.Task instance, got {task!r:.80}")
+        raise TypeError(f"Batch.{method}: expected a venturi.Task instance, got {shown(task)}")

@@ -51,9 +51,10 @@ from venturi._db.failures import describe, is_database_failure, next_delay, wait
 from venturi._dsn import secret_pieces
 from venturi._outage import REFUSALS
 from venturi._settings import check_kind, check_queue_name
+from venturi._shown import shown
 from venturi.embedded import EmbeddedPostgresError
 from venturi.encryption import KEYS_ENV, KeyRing, SealedCodec, new_key
-from venturi.errors import JobStateError, SchemaError
+from venturi.errors import JobStateError, MetricsPortError, SchemaError
 from venturi.jobs import (
     BatchStatus,
     CleanupCriteria,
@@ -553,7 +554,8 @@ async def _failed(args: argparse.Namespace, queue: Queue) -> None:
             )
             _out(args, [_failed_json(f) for f in found], _failed_text(found))
         elif args.action in ("retry", "forget"):
-            ids = [_ulid(text) for text in args.job_ids]  # all checked before any is changed
+            # Every id's form is checked before any job is changed; an id given twice is one.
+            ids = list(dict.fromkeys(_ulid(text) for text in args.job_ids))
             act = queue.retry if args.action == "retry" else queue.forget
             done = "retried" if args.action == "retry" else "forgotten"
             for n, job_id in enumerate(ids):
@@ -802,7 +804,9 @@ async def _worker(args: argparse.Namespace, store: PostgresStore, waiting: _Wait
     except Exception as exc:
         raise UsageError(f"worker: {args.factory}(store) failed: {_describe(exc)}") from exc
     if not isinstance(built, Worker):
-        raise UsageError(f"worker: {args.factory} returned {built!r:.200}, not a venturi.Worker")
+        raise UsageError(
+            f"worker: {args.factory} returned {shown(built, 200)}, not a venturi.Worker"
+        )
     if args.queue is not None:
         try:
             built.queues = tuple(
@@ -1130,7 +1134,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     redact = logs.Redactor(secrets)
     try:
         return _loops.run(_run(args), getattr(args, "loop", _loops.LOOPS[0]))
-    except (UsageError, SchemaError, ValueError, FileExistsError, _loops.LoopUnavailable) as exc:
+    except (
+        UsageError,
+        SchemaError,
+        ValueError,
+        FileExistsError,
+        MetricsPortError,
+        _loops.LoopUnavailable,
+    ) as exc:
         return _fail(args, exc, str(exc), redact)
     except BrokenPipeError:
         # The reader of our output left (`venturi jobs | head`): not a database error. Python

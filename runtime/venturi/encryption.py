@@ -86,8 +86,10 @@ class KeyRing:
         """The ring in environment variable `var`: `id=base64key,id=base64key`, current
         first (commas or newlines between entries, as a Kubernetes Secret may hold them)."""
         text = os.environ.get(var)
-        if not text or not text.strip():
+        if text is None:
             raise ValueError(f"KeyRing: ${var} is not set (expected id=base64key,...)")
+        if not text.strip():
+            raise ValueError(f"KeyRing: ${var} is empty (expected id=base64key,...)")
         return cls.parse(text, source=f"${var}")
 
     @classmethod

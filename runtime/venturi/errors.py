@@ -69,3 +69,8 @@ class SchemaError(VenturiError):
 
 class StoreClosedError(VenturiError):
     """An operation was attempted on a closed store."""
+
+
+class MetricsPortError(VenturiError, OSError):
+    """The worker could not serve /metrics on its `metrics_port` (in use, or not allowed):
+    said as such, not taken for a database error."""

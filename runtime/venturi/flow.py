@@ -38,6 +38,7 @@ from ulid import ULID
 
 from venturi import _current, logs
 from venturi._db.failures import breaks_connection, describe, is_database_failure
+from venturi._shown import shown
 from venturi.backoff import Seconds, to_seconds
 from venturi.context import Context
 from venturi.middleware import CallNext, Middleware
@@ -170,9 +171,9 @@ def _key_function(key: Key, what: str) -> Callable[[Any], str | None]:
 
 def _checked_key(key: object, what: str) -> str:
     if not isinstance(key, str):
-        raise TypeError(f"{what}: a key must be a str, got {type(key).__name__} {key!r:.80}")
+        raise TypeError(f"{what}: a key must be a str, got {type(key).__name__} {shown(key)}")
     if not key or len(key) > KEY_MAX_CHARS or "\x00" in key:
         raise ValueError(
-            f"{what}: a key must be 1-{KEY_MAX_CHARS} characters without NUL, got {key!r:.80}"
+            f"{what}: a key must be 1-{KEY_MAX_CHARS} characters without NUL, got {shown(key)}"
         )
     return key

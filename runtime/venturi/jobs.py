@@ -13,6 +13,8 @@ from typing import Any
 
 from ulid import ULID
 
+from venturi._shown import shown
+
 
 class JobStatus(enum.StrEnum):
     """Where a job is in its life."""
@@ -101,6 +103,8 @@ class Job:
     claimed_by: str | None
     claimed_pod: str | None
     last_error: str | None
+    """The note of the job's latest failed run, kept when a later run succeeds (a completed
+    job that failed before shows why it did; its journal has every run's note)."""
     result: Any = None
     """The JSON value a completed run returned (`Outcome.completed(result=...)`), decoded."""
     progress: Any = None
@@ -276,7 +280,7 @@ def _status(value: object, what: str) -> JobStatus | None:
         except ValueError:
             pass
     names = ", ".join(s.value for s in JobStatus)
-    raise ValueError(f"{what}: expected a JobStatus or one of {names}, got {value!r:.80}")
+    raise ValueError(f"{what}: expected a JobStatus or one of {names}, got {shown(value)}")
 
 
 @dataclass(frozen=True, slots=True)

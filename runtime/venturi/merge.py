@@ -23,6 +23,7 @@ from typing import Any, Generic, TypeVar
 
 from ulid import ULID
 
+from venturi._shown import shown
 from venturi.jobs import JournalEntry
 
 T = TypeVar("T")
@@ -48,7 +49,7 @@ class DedupKey:
         if "\x00" in text:
             raise ValueError(
                 f"DedupKey: the key holds a NUL character (\\x00), which PostgreSQL cannot "
-                f"store: {text!r:.80}"
+                f"store: {shown(text)}"
             )
         size = len(text)
         if not text.isascii():
@@ -56,7 +57,7 @@ class DedupKey:
                 size = len(text.encode())
             except UnicodeEncodeError:
                 raise ValueError(
-                    f"DedupKey: the key is not valid Unicode (a lone surrogate): {text!r:.80}"
+                    f"DedupKey: the key is not valid Unicode (a lone surrogate): {shown(text)}"
                 ) from None
         if size > DEDUP_KEY_MAX_BYTES:
             raise ValueError(

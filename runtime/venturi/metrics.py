@@ -14,6 +14,7 @@ import threading
 
 from prometheus_client import Counter, Gauge, Histogram, start_http_server
 
+from venturi.errors import MetricsPortError
 from venturi.hooks import Claimed, Enqueued, Finished, Hooks, Recovered, Settled, Started
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -78,4 +79,10 @@ def serve(port: int, addr: str = "0.0.0.0") -> None:
     """Serve /metrics on `port` from a background thread (once per port per process)."""
     with _lock:
         if port not in _served:
-            _served[port] = start_http_server(port, addr)
+            try:
+                _served[port] = start_http_server(port, addr)
+            except OSError as exc:
+                raise MetricsPortError(
+                    f"metrics_port {port}: cannot serve /metrics on {addr}:{port}: "
+                    f"{exc.strerror or exc}"
+                ) from exc

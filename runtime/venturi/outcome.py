@@ -18,6 +18,7 @@ import enum
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from venturi._shown import shown
 from venturi._storable import encode_json, safe_text
 from venturi.backoff import Seconds, to_seconds
 from venturi.errors import ResultTooLarge
@@ -87,7 +88,7 @@ _COMPLETED = Outcome("completed")
 
 def _text(value: object, what: str) -> str:
     if not isinstance(value, str):
-        raise TypeError(f"{what}: expected a str, got {type(value).__name__} {value!r:.80}")
+        raise TypeError(f"{what}: expected a str, got {type(value).__name__} {shown(value)}")
     return safe_text(value)
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from venturi._shown import shown
 from venturi.backoff import MAX_DELAY
 
 MAX_REASON = 1000
@@ -35,13 +36,13 @@ def check_reason(reason: object) -> str | None:
     if reason is None:
         return None
     if not isinstance(reason, str):
-        raise TypeError(f"pause(reason=): expected a str or None, got {reason!r:.80}")
+        raise TypeError(f"pause(reason=): expected a str or None, got {shown(reason)}")
     if len(reason) > MAX_REASON:
         raise ValueError(
             f"pause(reason=): expected at most {MAX_REASON} characters, got {len(reason):,}"
         )
     if "\x00" in reason:
-        raise ValueError(f"pause(reason=): a NUL character cannot be stored: {reason!r:.80}")
+        raise ValueError(f"pause(reason=): a NUL character cannot be stored: {shown(reason)}")
     return reason
 
 
@@ -50,7 +51,7 @@ def check_until(until: object, *, now: datetime | None = None) -> datetime | Non
     if until is None:
         return None
     if not isinstance(until, datetime):
-        raise TypeError(f"pause(until=): expected a timezone-aware datetime, got {until!r:.80}")
+        raise TypeError(f"pause(until=): expected a timezone-aware datetime, got {shown(until)}")
     if until.tzinfo is None or until.utcoffset() is None:
         raise ValueError(f"pause(until=): expected a timezone-aware datetime, got {until!r}")
     now = now or datetime.now(UTC)

@@ -29,6 +29,7 @@ from types import TracebackType
 from typing import Any, Literal, Self, TypeVar, cast
 
 import asyncpg
+import msgspec
 from ulid import ULID
 
 from venturi import _dsn
@@ -68,6 +69,7 @@ from venturi._records import (
     Settlement,
     StaleJob,
 )
+from venturi._shown import shown
 from venturi._stats import stats_from_rows
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.errors import SchemaError, StoreClosedError
@@ -253,6 +255,8 @@ class PostgresStore:
         """
         sql.validate_prefix(prefix)
         _check_pooler(pooler)
+        _check_seconds("statement_timeout", statement_timeout, low=0.001)
+        _check_seconds("connect_timeout", connect_timeout, low=0.001)
         parsed = _dsn.connect_args(dsn)
         listen = None if listen_dsn is None else _dsn.connect_args(listen_dsn)
         settings = dict(parsed.server_settings)
@@ -1401,14 +1405,27 @@ def _job(row: asyncpg.Record, codec: Codec) -> Job:
         claimed_by=row["claimed_by"],
         claimed_pod=row["claimed_pod"],
         last_error=row["last_error"],
-        result=_decoded(row["result"], codec),
-        progress=_decoded(row["progress"], codec),
+        result=_plain(row["result"]),
+        progress=_plain(row["progress"]),
         batch_id=None if row["batch_id"] is None else ULID.from_bytes(row["batch_id"].bytes),
     )
 
 
-def _decoded(text: str | None, codec: Codec) -> Any:
-    return None if text is None else codec.decode_any(text)
+def _plain(text: str | None) -> Any:
+    """A result or progress: stored as plain JSON, never through a codec (an encrypted task
+    may store neither), so a codec's `decode_any` never sees them."""
+    return None if text is None else msgspec.json.decode(text)
+
+
+def _check_seconds(name: str, value: object, *, low: float) -> None:
+    """A timeout in seconds: None, or a finite number from `low` on (a statement_timeout
+    under a millisecond would be sent as 0, which turns the timeout off)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name}: expected seconds (a number) or None, got {shown(value)}")
+    if not low <= value < math.inf:
+        raise ValueError(f"{name}: expected seconds from {low:g} on (or None), got {value!r}")
 
 
 def _check_pooler(pooler: object) -> Pooler:

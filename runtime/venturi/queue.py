@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -34,9 +35,10 @@ from venturi._settings import (
     check_queue_name,
     check_timeout,
 )
+from venturi._shown import shown
 from venturi.backoff import MAX_DELAY, Backoff, Seconds, to_seconds
 from venturi.batches import Batch
-from venturi.codec import DEFAULT_CODEC, Codec
+from venturi.codec import DEFAULT_CODEC, Codec, stored_text
 from venturi.encryption import SealedCodec
 from venturi.errors import JobFailed, JobStateError, PayloadError
 from venturi.hooks import Enqueued, EnqueueTracer, Hooks
@@ -100,7 +102,7 @@ def _task_kind(task: object) -> str:
     if not isinstance(task, Task):
         raise TypeError(
             f"expected a task (an instance of a Task subclass), got "
-            f"{type(task).__qualname__} {task!r:.80}"
+            f"{type(task).__qualname__} {shown(task)}"
         )
     return _kind(type(task))
 
@@ -292,7 +294,12 @@ class Queue:
         if decision.action is MergeAction.REPLACE:
             # A sealed payload is bound to its job: seal it again for the holder.
             payload = (
-                codec.encode(task, kind=job.kind, job_id=holder)
+                stored_text(
+                    codec,
+                    codec.encode(task, role="payload", kind=job.kind, job_id=holder),
+                    role="payload",
+                    kind=job.kind,
+                )
                 if task_type.ENCRYPTED
                 else job.payload
             )
@@ -302,10 +309,14 @@ class Queue:
             raise TypeError(f"Merge.with_() needs a {task_type.__qualname__}, got {merged!r}")
         carry = None
         if decision.carry is not None:
-            carry = codec.encode(decision.carry, role="merged carry", kind=job.kind, job_id=holder)
+            what = "merged carry"
+            carry = codec.encode(decision.carry, role=what, kind=job.kind, job_id=holder)
+            carry = stored_text(codec, carry, role=what, kind=job.kind)
+        what = "merged payload"
+        payload = codec.encode(merged, role=what, kind=job.kind, job_id=holder)
         return MergePlan(
             "with",
-            codec.encode(merged, role="merged payload", kind=job.kind, job_id=holder),
+            stored_text(codec, payload, role=what, kind=job.kind),
             True,
             carry,
             int(_priority(merged.priority(), f"{job.kind}.priority()")),
@@ -627,8 +638,18 @@ class Queue:
         """Jobs matching `filter` (all by default), newest first, at most `filter.limit`."""
         f = filter or JobFilter()
         _kind_filter(f.kind)
-        if not 1 <= f.limit <= 10_000:
-            raise ValueError(f"JobFilter.limit: expected 1..10000, got {f.limit}")
+        if f.queue is not None:
+            check_queue_name(f.queue, setting="JobFilter.queue")
+        for name, when in (("after", f.created_after), ("before", f.created_before)):
+            if when is not None and (not isinstance(when, datetime) or when.tzinfo is None):
+                raise ValueError(
+                    f"JobFilter.created_{name}: expected a timezone-aware datetime, got "
+                    f"{shown(when)}"
+                )
+        if f.before_id is not None and not isinstance(f.before_id, ULID):
+            f = dataclasses.replace(f, before_id=_ulid(f.before_id, "JobFilter.before_id"))
+        if isinstance(f.limit, bool) or not isinstance(f.limit, int) or not 1 <= f.limit <= 10_000:
+            raise ValueError(f"JobFilter.limit: expected 1..10000, got {shown(f.limit)}")
         return await self.store.list_jobs(f, self.codec)
 
     async def cleanup(self, criteria: CleanupCriteria) -> int:
@@ -862,6 +883,7 @@ class Queue:
         job_id: ULID | None = None,
     ) -> NewJob:
         kind = _task_kind(task)
+        owner = type(task).__name__  # what a message about its methods names
         queue = queue or _task_queue(type(task)) or self.queue
         if job_id is None:
             job_id = new_ids(1)[0]
@@ -870,21 +892,26 @@ class Queue:
                 f"{kind} is an encrypted task (ENCRYPTED = True): give the Queue "
                 f"codec=SealedCodec(KeyRing...) (see venturi.encryption); nothing was stored"
             )
-        payload = self.codec.encode(task, kind=kind, job_id=job_id)
+        payload = stored_text(
+            self.codec,
+            self.codec.encode(task, role="payload", kind=kind, job_id=job_id),
+            role="payload",
+            kind=kind,
+        )
         tier = priority if priority is not None else task.priority()
         if type(tier) is not Priority:
-            tier = _priority(tier, "priority=" if priority is not None else f"{kind}.priority()")
+            tier = _priority(tier, "priority=" if priority is not None else f"{owner}.priority()")
         lease = task.lease()
         backoff = task.backoff()
         if backoff is not None and not isinstance(backoff, Backoff):
-            raise TypeError(f"{kind}.backoff() must return a Backoff or None, got {backoff!r}")
+            raise TypeError(f"{owner}.backoff() must return a Backoff or None, got {backoff!r}")
         dedup = task.dedup_key()
         if dedup is not None and not isinstance(dedup, DedupKey):
-            raise TypeError(f"{kind}.dedup_key() must return a DedupKey or None, got {dedup!r}")
-        unique_for, unique_key = _unique(task, kind)
+            raise TypeError(f"{owner}.dedup_key() must return a DedupKey or None, got {dedup!r}")
+        unique_for, unique_key = _unique(task, owner)
         if unique_key is not None and dedup is not None:
             raise ValueError(
-                f"{kind}: unique_for()/unique_id() and dedup_key() are alternatives (a unique "
+                f"{owner}: unique_for()/unique_id() and dedup_key() are alternatives (a unique "
                 f"job keeps the first, a deduplicated one merges into it): set one"
             )
         attempts = _hook(task, "max_attempts")
@@ -897,7 +924,7 @@ class Queue:
             payload=payload,
             run_at=run_at,
             delay_s=delay_s,
-            lease_s=check_lease(lease, setting=f"{kind}.lease()") if lease is not None else None,
+            lease_s=check_lease(lease, setting=f"{owner}.lease()") if lease is not None else None,
             backoff_base_s=backoff.base if backoff is not None else None,
             backoff_cap_s=backoff.cap if backoff is not None else None,
             dedup_key=dedup.value if dedup is not None else None,
@@ -906,11 +933,11 @@ class Queue:
             max_attempts=(
                 None
                 if attempts is None
-                else check_max_attempts(attempts, setting=f"{kind}.max_attempts()")
+                else check_max_attempts(attempts, setting=f"{owner}.max_attempts()")
             ),
             timeout_s=None
             if timeout is None
-            else check_timeout(timeout, setting=f"{kind}.timeout()"),
+            else check_timeout(timeout, setting=f"{owner}.timeout()"),
         )
 
     @staticmethod
@@ -931,14 +958,14 @@ RETRY_NOTE = "retried by hand"
 
 def _pod_names(pods: Iterable[str]) -> list[str]:
     if isinstance(pods, str):
-        raise TypeError(f"pods: expected pod names (an iterable of str), got the str {pods!r:.80}")
+        raise TypeError(f"pods: expected pod names (an iterable of str), got the str {shown(pods)}")
     names = list(pods)
     for name in names:
         if not isinstance(name, str):
-            raise TypeError(f"pods: expected pod names (str), got {name!r:.80}")
+            raise TypeError(f"pods: expected pod names (str), got {shown(name)}")
         if not 1 <= len(name) <= POD_NAME_MAX or "\x00" in name:
             raise ValueError(
-                f"pods: invalid pod name {name!r:.80}: expected 1-{POD_NAME_MAX} characters"
+                f"pods: invalid pod name {shown(name)}: expected 1-{POD_NAME_MAX} characters"
             )
     return names
 
@@ -946,9 +973,11 @@ def _pod_names(pods: Iterable[str]) -> list[str]:
 def _retry_note(note: str | None) -> str:
     if note is None:
         return RETRY_NOTE
-    if not isinstance(note, str) or not note.strip() or len(note) > 1000:
+    if not isinstance(note, str):
+        raise TypeError(f"retry(note=): expected a str, got {shown(note)}")
+    if not note.strip() or len(note) > 1000:
         raise ValueError(
-            f"retry(note=): expected a non-empty str of at most 1000 characters, got {note!r:.80}"
+            f"retry(note=): expected a non-empty str of at most 1000 characters, got {shown(note)}"
         )
     return note
 
@@ -959,7 +988,7 @@ def _priority(value: int, where: str) -> Priority:
         return Priority(value)
     except ValueError:
         names = ", ".join(f"{p.name} ({p.value})" for p in Priority)
-        raise ValueError(f"{where}: expected a Priority, {names}; got {value!r:.80}") from None
+        raise ValueError(f"{where}: expected a Priority, {names}; got {shown(value)}") from None
 
 
 def _queue_filter(queue: str | None) -> str | None:
@@ -984,7 +1013,7 @@ def _expect_dead(job_id: ULID, status: JobStatus | None, done: str) -> None:
         )
 
 
-def _unique(task: Task[Any], kind: str) -> tuple[float | None, str | None]:
+def _unique(task: Task[Any], owner: str) -> tuple[float | None, str | None]:
     """The task's (unique_for in seconds, unique id), both None for a task that is not
     unique; a ValueError when one is set without the other, or the id cannot be stored."""
     unique_for, unique_id = task.unique_for(), task.unique_id()
@@ -992,25 +1021,25 @@ def _unique(task: Task[Any], kind: str) -> tuple[float | None, str | None]:
         return None, None
     if unique_id is None:
         raise ValueError(
-            f"{kind}.unique_for() is set but {kind}.unique_id() returned None: a unique job "
+            f"{owner}.unique_for() is set but {owner}.unique_id() returned None: a unique job "
             f"needs the id that makes two jobs the same (define unique_id())"
         )
     if unique_for is None:
         raise ValueError(
-            f"{kind}.unique_id() is set but {kind}.unique_for() returned None: a unique job "
+            f"{owner}.unique_id() is set but {owner}.unique_for() returned None: a unique job "
             f"needs how long it holds its id at most (define unique_for())"
         )
-    seconds = to_seconds(unique_for, name=f"{kind}.unique_for()", low=1e-3)
+    seconds = to_seconds(unique_for, name=f"{owner}.unique_for()", low=1e-3)
     text = str(unique_id)
     if "\x00" in text:
-        raise ValueError(f"{kind}.unique_id(): the id holds a NUL character: {text!r:.80}")
+        raise ValueError(f"{owner}.unique_id(): the id holds a NUL character: {shown(text)}")
     try:
         size = len(text.encode())
     except UnicodeEncodeError:
-        raise ValueError(f"{kind}.unique_id(): not valid Unicode: {text!r:.80}") from None
+        raise ValueError(f"{owner}.unique_id(): not valid Unicode: {shown(text)}") from None
     if size > DEDUP_KEY_MAX_BYTES:
         raise ValueError(
-            f"{kind}.unique_id(): the id is {size:,} bytes of UTF-8, over the "
+            f"{owner}.unique_id(): the id is {size:,} bytes of UTF-8, over the "
             f"{DEDUP_KEY_MAX_BYTES:,}-byte limit (hash a long identity)"
         )
     return seconds, text
@@ -1037,5 +1066,5 @@ def _ulid(value: ULID | str | uuid.UUID, what: str) -> ULID:
         try:
             return ULID.from_str(value)
         except ValueError:
-            raise ValueError(f"{what}: expected a ULID, got {value!r:.80}") from None
-    raise TypeError(f"{what}: expected a ULID or its string, got {value!r:.80}")
+            raise ValueError(f"{what}: expected a ULID, got {shown(value)}") from None
+    raise TypeError(f"{what}: expected a ULID or its string, got {shown(value)}")

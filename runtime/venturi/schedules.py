@@ -26,6 +26,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from ulid import ULID
 
+from venturi._shown import shown
 from venturi.task import Task, check_queue_name, kind_of
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:/-]{0,199}")
@@ -82,7 +83,7 @@ class Schedule:
         elif not callable(self.task):
             raise TypeError(
                 f"{where}: task must be a Task, or a function of the tick returning one; "
-                f"got {self.task!r:.80}"
+                f"got {shown(self.task)}"
             )
         if self.queue is not None:
             check_queue_name(self.queue, setting=f"{where}: queue")
@@ -94,7 +95,12 @@ class Schedule:
             raise ValueError(f"{where}: unknown time zone {self.tz!r}") from None
         object.__setattr__(self, "_zone", zone)
         if self.cron is not None:
-            _check_cron(where, self.cron)
+            object.__setattr__(self, "cron", _check_cron(where, self.cron))
+        elif self.tz != "UTC":
+            raise ValueError(
+                f"{where}: tz= applies to cron= schedules only (every= ticks fall on multiples "
+                "of the interval since the epoch, in no time zone)"
+            )
         if self.every is not None:
             if not isinstance(self.every, timedelta) or self.every < timedelta(seconds=1):
                 raise ValueError(f"{where}: every= must be a timedelta of at least 1 second")
@@ -111,7 +117,7 @@ class Schedule:
             return self.task
         task = self.task(tick)
         if not isinstance(task, Task):
-            raise TypeError(f"Schedule {self.name!r}: task({tick}) returned {task!r:.80}")
+            raise TypeError(f"Schedule {self.name!r}: task({tick}) returned {shown(task)}")
         return task
 
     @property
@@ -175,7 +181,22 @@ def _choice(where: str, setting: str, choices: type[_E], value: str) -> _E:
         raise ValueError(f"{where}: {setting}= must be one of {names}, got {value!r}") from None
 
 
-def _check_cron(where: str, expr: str) -> None:
+_ALIASES = {
+    "@yearly": "0 0 1 1 *",
+    "@annually": "0 0 1 1 *",
+    "@monthly": "0 0 1 * *",
+    "@weekly": "0 0 * * 0",
+    "@daily": "0 0 * * *",
+    "@midnight": "0 0 * * *",
+    "@hourly": "0 * * * *",
+}
+"""Debian cron's shorthands (all but @reboot), as the five fields they stand for."""
+
+
+def _check_cron(where: str, expr: str) -> str:
+    """The expression as five fields (a shorthand expanded), or a ValueError naming what is
+    wrong. Five fields only, as cron: cronsim would read a sixth as seconds, first, so a daily
+    `0 3 * * *` with one field too many would run every hour."""
     try:
         from cronsim import CronSim, CronSimError
     except ImportError:
@@ -183,11 +204,20 @@ def _check_cron(where: str, expr: str) -> None:
             "cron schedules need the cronsim package: pip install venturi[schedules]"
         ) from None
     if not isinstance(expr, str):
-        raise TypeError(f"{where}: cron= must be a string, got {expr!r:.80}")
+        raise TypeError(f"{where}: cron= must be a string, got {shown(expr)}")
+    fields = _ALIASES.get(expr.strip().lower(), expr).split()
+    if len(fields) != 5:
+        raise ValueError(
+            f"{where}: invalid cron expression {expr!r}: expected 5 fields (minute, hour, day "
+            f"of month, month, day of week) or one of {', '.join(_ALIASES)}, got "
+            f"{len(fields)} field{'s' if len(fields) != 1 else ''}"
+        )
+    five = " ".join(fields)
     try:
-        CronSim(expr, datetime.now(UTC))
+        CronSim(five, datetime.now(UTC))
     except CronSimError as exc:
         raise ValueError(f"{where}: invalid cron expression {expr!r}: {exc}") from None
+    return five
 
 
 @dataclass(frozen=True, slots=True)

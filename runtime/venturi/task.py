@@ -25,6 +25,7 @@ from typing import Any, ClassVar, Generic
 
 from typing_extensions import TypeVar
 
+from venturi._shown import shown
 from venturi.backoff import Backoff, Seconds
 from venturi.merge import DedupKey, Merge, Pending
 
@@ -43,7 +44,7 @@ def check_queue_name(value: object, *, setting: str = "queue") -> str:
     if not isinstance(value, str):
         raise TypeError(f"{setting}: expected a queue name (a str), got {value!r}")
     if not KIND_PATTERN.fullmatch(value):
-        raise ValueError(f"{setting}: invalid queue name {value!r:.80}: expected {NAME_RULE}")
+        raise ValueError(f"{setting}: invalid queue name {shown(value)}: expected {NAME_RULE}")
     return value
 
 

@@ -39,6 +39,7 @@ from typing import Any, TypeVar
 import pytest
 from ulid import ULID
 
+from venturi._shown import shown
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.context import Cancellation, Context
 from venturi.embedded import EmbeddedPostgres
@@ -103,12 +104,26 @@ class Jobs:
         store: PostgresStore,
         worker: WorkerFactory | None = None,
         *,
-        codec: Codec = DEFAULT_CODEC,
+        codec: Codec | None = None,
     ) -> None:
         self.store = store
         self._factory = worker
-        self._codec = codec
-        self._queue = Queue(store, codec=codec)
+        self._given_codec = codec
+        self._codec_found: Codec | None = codec
+
+    @property
+    def _codec(self) -> Codec:
+        """The codec given, else the application's worker's (a `SealedCodec`, say), else
+        JSON: what decodes the jobs the application's producers stored."""
+        if self._codec_found is None:
+            self._codec_found = (
+                DEFAULT_CODEC if self._factory is None else self._worker().policy.codec
+            )
+        return self._codec_found
+
+    @property
+    def _queue(self) -> Queue:
+        return Queue(self.store, codec=self._codec)
 
     # -- what is queued ----------------------------------------------------------------
 
@@ -134,20 +149,25 @@ class Jobs:
     ) -> list[T]:
         """The pending jobs of `task_type` (decoded) that satisfy `where`; fails the test
         when there are none, or not exactly `count` of them when it is given."""
+        rows = await self.store._run.fetch(
+            self.store._q["testing_pending"], kind=_kind(task_type), queue=queue
+        )
+        # From the stored text, with its job's id and kind: a sealed payload opens only so.
         tasks = [
-            self._codec.decode(task_type, self._codec.encode(job.payload, kind=job.kind))
-            for job in await self.queued_jobs(task_type, queue=queue)
+            self._codec.decode(task_type, r["payload"], kind=r["kind"], job_id=r["id"])
+            for r in rows
         ]
         matching = [t for t in tasks if where is None or where(t)]
         name = task_type.__qualname__
         if count is None and not matching:
             raise AssertionError(
                 f"no pending {name} job{'' if where is None else ' matches'}; "
-                f"pending {name} jobs: {tasks!r:.2000}"
+                f"pending {name} jobs: {shown(tasks, 2000)}"
             )
         if count is not None and len(matching) != count:
             raise AssertionError(
-                f"expected {count} pending {name} job(s), found {len(matching)}: {matching!r:.2000}"
+                f"expected {count} pending {name} job(s), found {len(matching)}: "
+                f"{shown(matching, 2000)}"
             )
         return matching
 

@@ -50,6 +50,7 @@ from venturi._rescuer import Rescuer
 from venturi._runner import Runner
 from venturi._scheduler import Scheduler
 from venturi._settings import DEFAULT_QUEUE, check_queue_name, worker_settings
+from venturi._shown import shown
 from venturi._timeouts import wait_for
 from venturi._undertaker import Reporter, Undertaker, check_hook
 from venturi.backoff import DEFAULT_BACKOFF, Backoff, Seconds, to_seconds
@@ -672,16 +673,16 @@ def _services(
     """The leader's services: the sweep, the counters' fold, the jobs table's statistics, the
     cleaner if asked for, then the caller's."""
     if isinstance(maintenance, MaintenanceService) or not isinstance(maintenance, Sequence):
-        raise TypeError(f"maintenance: expected a list of services, got {maintenance!r:.80}")
+        raise TypeError(f"maintenance: expected a list of services, got {shown(maintenance)}")
     if retention is not None and not isinstance(retention, Retention):
-        raise TypeError(f"retention: expected a venturi.Retention, got {retention!r:.80}")
+        raise TypeError(f"retention: expected a venturi.Retention, got {shown(retention)}")
     services: list[MaintenanceService] = [WorkerSweep(), CountFold(), JobsAnalyzer()]
     if retention is not None and retention.prunes:
         services.append(RetentionCleaner(retention))
     for service in maintenance:
         if not isinstance(service, MaintenanceService):
             raise TypeError(
-                f"maintenance: {service!r:.80} is not a service (it needs `name`, "
+                f"maintenance: {shown(service)} is not a service (it needs `name`, "
                 f"`interval` and `async run_once(store)`)"
             )
         interval = service.interval
@@ -703,11 +704,11 @@ def _services(
 
 def _schedules(schedules: Sequence[Schedule]) -> tuple[Schedule, ...]:
     if isinstance(schedules, Schedule) or not isinstance(schedules, Sequence):
-        raise TypeError(f"schedules: expected a list of Schedule, got {schedules!r:.80}")
+        raise TypeError(f"schedules: expected a list of Schedule, got {shown(schedules)}")
     names: set[str] = set()
     for s in schedules:
         if not isinstance(s, Schedule):
-            raise TypeError(f"schedules: expected Schedule objects, got {s!r:.80}")
+            raise TypeError(f"schedules: expected Schedule objects, got {shown(s)}")
         if s.name in names:
             raise ValueError(f"schedules: the name {s.name!r} is used twice")
         names.add(s.name)
@@ -721,7 +722,7 @@ def _queues(queue: str | None, queues: Sequence[str] | None) -> tuple[str, ...]:
     if queues is None:
         return (check_queue_name(DEFAULT_QUEUE if queue is None else queue),)
     if isinstance(queues, str) or not isinstance(queues, Sequence):
-        raise TypeError(f"queues: expected a list of queue names, got {queues!r:.80}")
+        raise TypeError(f"queues: expected a list of queue names, got {shown(queues)}")
     if not queues:
         raise ValueError("queues: expected at least one queue name, got an empty list")
     served = tuple(check_queue_name(q, setting="queues") for q in queues)

@@ -66,3 +66,10 @@ def make_loop_worker(store: PostgresStore) -> Worker[None]:
     worker = Worker(None, store, concurrency=1)
     worker.register(WhichLoop, which_loop)
     return worker
+
+
+def make_metrics_worker(store: PostgresStore) -> Worker[None]:
+    """Serves /metrics on the port in $METRICS_PORT."""
+    worker = Worker(None, store, concurrency=1, metrics_port=int(os.environ["METRICS_PORT"]))
+    worker.register(Echo, echo)
+    return worker

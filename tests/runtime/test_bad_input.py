@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 
 import asyncpg
@@ -151,7 +151,7 @@ async def test_invalid_priority_is_rejected_and_nothing_is_stored(queue: Queue) 
         await queue.enqueue(Order(order_id=1), priority=7)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match=f"^priority=: {expected}"):
         await queue.enqueue_many([Order(order_id=2), Order(order_id=3)], priority=7)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match=rf"^urgent\.priority\(\): {expected}"):
+    with pytest.raises(ValueError, match=rf"^Urgent\.priority\(\): {expected}"):
         await queue.enqueue(Urgent())
     assert (await queue.stats()).pending == 0
 
@@ -464,6 +464,33 @@ async def test_values_json_would_change_are_refused_naming_the_field(queue: Queu
 
 
 @dataclass
+class Charge(Task):
+    KIND = "charge_typed"
+    order_id: int
+    at: datetime | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+async def test_values_that_do_not_fit_their_field_s_type_are_refused(queue: Queue) -> None:
+    """A task is typed: "42" for an int would be stored, then send the job dead at the
+    worker's decode; the enqueue refuses it instead, naming the field."""
+    cases = [
+        (Charge(order_id="42"), r"Expected `int`, got `str` - at `\$.order_id`"),  # type: ignore[arg-type]
+        (Charge(1, at="yesterday"), r"Invalid RFC3339 encoded datetime - at `\$.at`"),  # type: ignore[arg-type]
+        (Charge(1, tags=["a", 2]), r"Expected `str`, got `int` - at `\$.tags\[1\]`"),  # type: ignore[list-item]
+    ]
+    for task, message in cases:
+        with pytest.raises(PayloadError, match=r"payload of Charge \(charge_typed\): "):
+            await queue.enqueue(task)
+        with pytest.raises(PayloadError, match=message):
+            await queue.enqueue_many([Charge(1), task])
+    assert (await queue.stats()).pending == 0
+    # What decodes as the field's type goes through (an int where a float is declared, too).
+    assert await queue.job(await queue.enqueue(Charge(7, tags=["x"]))) is not None
+    assert await queue.job(await queue.enqueue(Reading("s1", 3))) is not None
+
+
+@dataclass
 class Keyed(Task):
     KIND = "keyed"
     key: str
@@ -500,6 +527,10 @@ async def test_queue_names_are_validated_like_kinds(store: PostgresStore) -> Non
             Queue(store, queue=wrong)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"queue: expected a queue name"):
         Worker(None, store, queue=5)  # type: ignore[arg-type]
+    # A long name is shortened in the middle: the message still shows where it ends.
+    with pytest.raises(ValueError, match=r"invalid queue name 'x{77}…': expected 1-200") as long:
+        Queue(store, queue="x" * 201)
+    assert len(str(long.value).split(": expected")[0]) < 120
     assert Worker(None, store, queue=None).queues == ("default",)  # None: the default queue
     assert Queue(store, queue="emails.eu-1:fast/v2").queue == "emails.eu-1:fast/v2"
 
@@ -573,12 +604,12 @@ async def test_delays_and_policies_beyond_their_bounds_are_refused(queue: Queue)
             await queue.enqueue_at(Order(order_id=1), when)
     for lease in ("inf", "1e12", "0.001", "0", "nan"):
         with pytest.raises(
-            ValueError, match=r"policy.lease\(\): expected a duration from 0.5 s to 30 days"
+            ValueError, match=r"Policy.lease\(\): expected a duration from 0.5 s to 30 days"
         ):
             await queue.enqueue(Policy(lease_s=lease))
-        with pytest.raises(ValueError, match=r"policy.lease\(\)"):
+        with pytest.raises(ValueError, match=r"Policy.lease\(\)"):
             await queue.enqueue_many([Policy(lease_s=lease)])
-    with pytest.raises(TypeError, match=r"policy.backoff\(\) must return a Backoff or None"):
+    with pytest.raises(TypeError, match=r"Policy.backoff\(\) must return a Backoff or None"):
         await queue.enqueue(Policy(curve=(1, 2), raw_curve=True))
     assert (await queue.stats()).pending == 0
     # The curve itself is checked where it is made.
@@ -860,4 +891,30 @@ async def test_filters_take_a_status_by_its_name_and_refuse_unknown_ones_and_kin
         await queue.jobs(JobFilter(kind="send email"))
     with pytest.raises(ValueError, match="kind: invalid KIND 'send email'"):
         await queue.cleanup(CleanupCriteria(finished_before=datetime.now(UTC), kind="send email"))
-    assert (await queue.stats()).pending == 1  # nothing changed
+    # Every criterion is checked, as everywhere else: none is silently an empty list, nor
+    # asyncpg's "invalid input for query argument $3".
+    refused = [
+        (JobFilter(queue="a b"), ValueError, "JobFilter.queue: invalid queue name 'a b'"),
+        (JobFilter(queue=5), TypeError, r"JobFilter.queue: expected a queue name \(a str\)"),  # type: ignore[arg-type]
+        (
+            JobFilter(created_after=datetime(2026, 1, 1)),
+            ValueError,
+            "JobFilter.created_after: expected a timezone-aware datetime, got datetime",
+        ),
+        (
+            JobFilter(created_before="yesterday"),  # type: ignore[arg-type]
+            ValueError,
+            "JobFilter.created_before: expected a timezone-aware datetime, got 'yesterday'",
+        ),
+        (JobFilter(before_id="nope"), ValueError, "JobFilter.before_id: expected a ULID"),  # type: ignore[arg-type]
+        (JobFilter(limit=True), ValueError, r"JobFilter.limit: expected 1..10000, got True"),
+        (JobFilter(limit=0), ValueError, r"JobFilter.limit: expected 1..10000, got 0"),
+    ]
+    for criteria, error, message in refused:
+        with pytest.raises(error, match=message):
+            await queue.jobs(criteria)
+    # A ULID's string is taken, as everywhere an id is.
+    newer = await queue.enqueue(Order(order_id=4))
+    page = await queue.jobs(JobFilter(before_id=str(newer)))  # type: ignore[arg-type]
+    assert [j.id for j in page] == [job_id]
+    assert (await queue.stats()).pending == 2  # nothing changed

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import uuid
@@ -491,3 +492,24 @@ async def test_a_statement_cut_short_by_a_setting_names_the_setting(
     assert run.returncode == 2
     assert run.stderr.startswith("venturi: database error: canceling statement due to lock")
     assert "(a lock_timeout of the role or database (SHOW lock_timeout)" in run.stderr
+
+
+async def test_a_metrics_port_in_use_is_said_as_such(queue: Queue, pg_dsn: str) -> None:
+    """Not "database error: [Errno 98] Address already in use"."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        run = venturi(
+            "worker",
+            "tests.runtime.cli_app:make_metrics_worker",
+            "--once",
+            dsn=pg_dsn,
+            prefix=queue.store.prefix,
+            env={"METRICS_PORT": str(port)},
+        )
+    assert run.returncode == 2, run.stderr
+    assert run.stderr.strip().endswith(
+        f"venturi: metrics_port {port}: cannot serve /metrics on 127.0.0.1:{port}: "
+        "Address already in use"
+    ), run.stderr

@@ -9,12 +9,13 @@ import shutil
 import tempfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 import pytest
 
 from venturi import PostgresStore, Queue
-from venturi._dsn import connect_args, parse_keywords
+from venturi._dsn import ConnectArgs, connect_args, parse_keywords
 from venturi.embedded import EmbeddedPostgres
 
 from .helpers import all_migrations
@@ -54,11 +55,27 @@ def test_keywords_become_what_asyncpg_takes() -> None:
         "lock_timeout": "5s",
     }
     assert connect_args("connect_timeout=0").timeout == math.inf  # libpq: wait indefinitely
-    uri = "postgresql://u@h/db?sslmode=require&application_name=x"
-    assert connect_args(uri).dsn == uri and connect_args(uri).server_settings == {
-        "application_name": "x"
-    }
     assert connect_args(None).dsn is None
+
+
+def test_a_uris_libpq_parameters_are_read_as_the_keywords_are() -> None:
+    """asyncpg would send a URI's `connect_timeout` to the server as a setting (refused:
+    "unrecognized configuration parameter"); it is read as in the keyword form, and so are
+    the other keywords asyncpg takes apart from its DSN."""
+    uri = "postgresql://u:p%40ss@h1:5432,h2/db?sslmode=require&application_name=x"
+    args = connect_args(uri + "&connect_timeout=7&options=-c%20lock_timeout%3D5s")
+    assert args.dsn == uri.replace("&application_name=x", "")
+    assert args.timeout == 7.0
+    assert args.server_settings == {"application_name": "x", "lock_timeout": "5s"}
+    # Nothing to take out: the URI as written (its other parameters are server settings,
+    # asyncpg's rule, which the test suite's plan checks use).
+    plain = "postgresql://u@h/db?sslmode=require&plan_cache_mode=force_generic_plan"
+    assert connect_args(plain) == ConnectArgs(plain)
+    with pytest.raises(ValueError, match="the libpq keyword 'keepalives' is not supported"):
+        connect_args("postgresql://u@h/db?keepalives=1")
+    with pytest.raises(ValueError, match="connect_timeout must be whole seconds") as caught:
+        connect_args("postgresql://u@h/db?connect_timeout=soon")
+    assert "soon" not in str(caught.value)
 
 
 @pytest.mark.parametrize(
@@ -154,3 +171,33 @@ async def test_the_callers_settings_win_over_the_dsns(scram_server: EmbeddedPost
     uri = f"postgresql://postgres@127.0.0.1:{scram_server.port}/postgres?application_name=uri"
     async with await PostgresStore.connect(uri) as store:  # the URI's own name is kept
         assert await store._pool.fetchval("SELECT current_setting('application_name')") == "uri"
+
+
+async def test_a_uri_with_libpq_parameters_connects(scram_server: EmbeddedPostgres) -> None:
+    uri = (
+        f"postgresql://postgres@127.0.0.1:{scram_server.port}/postgres"
+        "?connect_timeout=5&application_name=uri&options=-c%20statement_timeout%3D4321"
+    )
+    async with await PostgresStore.connect(uri, prefix="uri") as store:
+        row = await store._pool.fetchrow(
+            "SELECT current_setting('application_name'), current_setting('statement_timeout')"
+        )
+    assert row is not None and tuple(row) == ("uri", "4321ms")
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "error", "message"),
+    [
+        ("statement_timeout", -1, ValueError, r"statement_timeout: expected seconds from 0.001"),
+        ("statement_timeout", 0.0001, ValueError, r"from 0.001 on \(or None\), got 0.0001"),
+        ("connect_timeout", 0, ValueError, r"connect_timeout: expected seconds from 0.001"),
+        ("connect_timeout", "10", TypeError, r"connect_timeout: expected seconds \(a number\)"),
+        ("statement_timeout", float("nan"), ValueError, "got nan"),
+    ],
+)
+async def test_bad_timeouts_are_refused_before_connecting(
+    option: str, value: object, error: type[Exception], message: str
+) -> None:
+    options: dict[str, Any] = {option: value}
+    with pytest.raises(error, match=message):
+        await PostgresStore.connect("postgresql://nobody@127.0.0.1:1/none", **options)

@@ -334,6 +334,12 @@ def test_key_ring_errors_name_the_key_never_its_bytes() -> None:
     assert KEYS["k1"][:8] not in str(info.value)
     with pytest.raises(ValueError, match=r"\$VENTURI_KEYS_UNSET is not set"):
         KeyRing.from_env("VENTURI_KEYS_UNSET")
+    os.environ["VENTURI_KEYS_EMPTY"] = " "
+    try:
+        with pytest.raises(ValueError, match=r"\$VENTURI_KEYS_EMPTY is empty"):
+            KeyRing.from_env("VENTURI_KEYS_EMPTY")
+    finally:
+        del os.environ["VENTURI_KEYS_EMPTY"]
 
 
 def test_a_malformed_envelope_is_named_as_such() -> None:

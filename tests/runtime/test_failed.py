@@ -254,7 +254,8 @@ async def test_failed_commands(store: PostgresStore, queue: Queue, pg_dsn: str) 
     job = await queue.job(a)
     assert job is not None and job.status is JobStatus.PENDING
 
-    bad = venturi("failed", "retry", str(a), dsn=pg_dsn, prefix=prefix)
+    # An id given twice is one id: the message does not say it was "not tried".
+    bad = venturi("failed", "retry", str(a), str(a).lower(), dsn=pg_dsn, prefix=prefix)
     assert bad.returncode == 2
     assert bad.stderr.strip() == (
         f"venturi: failed retry: job {a} is pending, not failed: only failed (dead) jobs can be "
@@ -311,5 +312,7 @@ async def test_retry_and_retry_all_journal_the_note_given_and_retry_all_stops_at
     for bad in ("", "  ", "x" * 1001):
         with pytest.raises(ValueError, match="note="):
             await queue.retry(ids[0], note=bad)
+    with pytest.raises(TypeError, match=r"retry\(note=\): expected a str, got 123"):
+        await queue.retry_all(note=123)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="limit="):
         await queue.retry_all(limit=0)

@@ -19,11 +19,14 @@ from venturi import (
     JournalOutcome,
     Outcome,
     PanicPolicy,
+    PayloadError,
     PostgresStore,
     Queue,
     Task,
     TaskError,
     Worker,
+    _executor,
+    _runner,
 )
 from venturi._producer import Producer
 
@@ -157,6 +160,158 @@ async def test_retry_carries_state_and_records_failures(queue: Queue) -> None:
     assert journal[0].note == "RuntimeError: boom 1"
     job = await queue.job(job_id)
     assert job is not None and job.failures == 2 and job.last_error == "RuntimeError: boom 2"
+
+
+@dataclass
+class Cursor:
+    page: int = 0
+    score: float = 0.0
+
+
+@dataclass
+class Paged(Task[Cursor]):
+    KIND = "paged"
+    mode: str
+
+
+async def test_a_carry_that_cannot_be_stored_is_never_stored(
+    queue: Queue, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A carry that does not fit its type (a str page) or that JSON cannot hold (NaN) is
+    refused where it is saved, naming the carry's field: a pause becomes a failed run, a
+    failed run says its carry was not saved (and warns); the next run starts from the carry
+    stored before, and the job is not sent dead by a carry it could not decode."""
+    seen: list[tuple[str, int, Cursor]] = []
+
+    async def handle(task: Paged, ctx: Context[Cursor], app: None) -> Outcome:
+        seen.append((task.mode, ctx.run_count, Cursor(ctx.carry.page, ctx.carry.score)))
+        if ctx.run_count == 1:
+            ctx.carry.page = 5  # stored: a good carry, saved by this pause
+            return Outcome.pause_in(0)
+        if ctx.run_count == 2:
+            if task.mode == "wrong type":
+                ctx.carry.page = "next-token"  # type: ignore[assignment]
+                return Outcome.pause_in(0)
+            ctx.carry.page, ctx.carry.score = 6, float("nan")
+            raise TaskError.retryable("upstream timeout")
+        return Outcome.completed()
+
+    worker = fast_worker(queue.store)
+    worker.register(Paged, handle)
+    wrong = await queue.enqueue(Paged("wrong type"))
+    nan = await queue.enqueue(Paged("nan"))
+    async with running(worker):
+        await until_status(queue, wrong, JobStatus.COMPLETED)
+        await until_status(queue, nan, JobStatus.COMPLETED)
+    for mode in ("wrong type", "nan"):  # run 3 starts from run 1's carry
+        assert [(r, c) for m, r, c in seen if m == mode] == [
+            (1, Cursor()),
+            (2, Cursor(5)),
+            (3, Cursor(5)),
+        ]
+    [_, refused, _] = await queue.job_journal(wrong)
+    assert refused.outcome == "failed" and refused.note is not None
+    assert refused.note.startswith("PayloadError: cannot encode carry of Cursor (paged): ")
+    assert "Expected `int`, got `str` - at `$.page`" in refused.note
+    [_, failed, _] = await queue.job_journal(nan)
+    assert failed.note is not None
+    assert failed.note.startswith("upstream timeout; its carry was not saved: cannot encode ")
+    assert "field 'score' is nan" in failed.note
+    assert any(
+        "carry was not saved" in r.getMessage() and r.levelname == "WARNING" for r in caplog.records
+    )
+
+
+async def test_a_stored_carry_that_does_not_decode_is_named_as_the_carry(
+    queue: Queue,
+) -> None:
+    job_id = await queue.enqueue(Paged("stored"))
+    await queue.store._pool_or_raise().execute(
+        f'UPDATE {queue.store.prefix}_jobs SET carry = \'{{"page": "x"}}\' WHERE id = $1',
+        job_id.to_uuid(),
+    )
+
+    async def handle(task: Paged, ctx: Context[Cursor], app: None) -> Outcome:
+        return Outcome.completed()
+
+    worker = fast_worker(queue.store)
+    worker.register(Paged, handle)
+    async with running(worker):
+        await until_status(queue, job_id, JobStatus.DEAD)
+    job = await queue.job(job_id)
+    assert job is not None and job.last_error == (
+        "undecodable carry for kind 'paged': Expected `int`, got `str` - at `$.page`"
+    )
+
+
+@dataclass
+class Transfer(Task):
+    KIND = "transfer"
+    amount: int
+
+    def __post_init__(self) -> None:
+        if self.amount <= 0:  # as an `assert` would (pytest rewrites those in test modules)
+            raise AssertionError("amount must be positive")
+
+
+async def test_a_payload_its_own_class_refuses_sends_the_job_dead_at_once(queue: Queue) -> None:
+    """Whatever decoding raises (here the task class's own check, an AssertionError), the job
+    is dead at once with that error, not left claimed until its lease and recovered as if its
+    worker had died."""
+    changed = Transfer(amount=5)
+    changed.amount = -1  # after the check: the enqueue checks again, as a worker will
+    with pytest.raises(PayloadError, match="AssertionError: amount must be positive"):
+        await queue.enqueue(changed)
+    job_id = await queue.enqueue(Transfer(amount=5))
+    await queue.store._pool_or_raise().execute(
+        f"UPDATE {queue.store.prefix}_jobs SET payload = '{{\"amount\": -1}}' WHERE id = $1",
+        job_id.to_uuid(),
+    )
+
+    async def handle(task: Transfer, ctx: Context[None], app: None) -> Outcome:
+        return Outcome.completed()
+
+    worker = fast_worker(queue.store, lease=600.0)  # a job left claimed would sit for 10 min
+    worker.register(Transfer, handle)
+    async with running(worker):
+        await until_status(queue, job_id, JobStatus.DEAD)
+    job = await queue.job(job_id)
+    assert job is not None and job.run_count == 1
+    assert job.last_error == (
+        "undecodable payload for kind 'transfer': AssertionError: amount must be positive"
+    )
+
+
+async def test_a_run_venturi_itself_fails_is_a_failed_run_not_a_lost_claim(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A bug in venturi's own run of a job (simulated: `execute` raising) must not leave the
+    job claimed, unsettled, until its lease: it is recorded as a failed run, and retried."""
+    calls = 0
+    real = _executor.execute
+
+    async def broken(*args: object, **kwargs: object) -> object:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            raise RuntimeError("a bug")
+        return await real(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(_runner, "execute", broken)
+
+    async def handle(task: Job, ctx: Context[None], app: None) -> Outcome:
+        return Outcome.completed()
+
+    worker = fast_worker(queue.store, lease=600.0)
+    worker.register(Job, handle)
+    job_id = await queue.enqueue(Job())
+    async with running(worker):
+        await until_status(queue, job_id, JobStatus.COMPLETED)
+    journal = await queue.job_journal(job_id)
+    assert [(e.outcome, e.note) for e in journal] == [
+        ("failed", "venturi failed running the job: RuntimeError: a bug"),
+        ("completed", None),
+    ]
 
 
 async def test_task_error_retryable_then_permanent(queue: Queue) -> None:

@@ -11,6 +11,7 @@ import pytest
 from ulid import ULID
 
 from venturi import (
+    Backoff,
     Context,
     JobFailed,
     JobStatus,
@@ -229,3 +230,29 @@ async def test_an_encrypted_task_stores_no_plaintext_result_or_progress(
             await queue.result(with_progress, timeout=60)
     stored = await store._pool_or_raise().fetch(f"SELECT result, progress FROM {store.prefix}_jobs")
     assert [(r["result"], r["progress"]) for r in stored] == [(None, None), (None, None)]
+
+
+async def test_an_encrypted_task_returning_a_result_is_not_run_again(store: PostgresStore) -> None:
+    """Its work is done when the result is refused: a retry would do it again (a card charged
+    twice), so the run fails for good even where the worker would retry a failure."""
+    from venturi.encryption import KeyRing, SealedCodec, new_key
+
+    codec = SealedCodec(KeyRing({"k1": new_key()}))
+    queue = Queue(store, codec=codec)
+    charged: list[str] = []
+
+    async def charge(task: Secret, ctx: Context[None], app: Any) -> Outcome:
+        charged.append(task.mode)
+        return Outcome.completed(result={"charged": True})
+
+    worker: Worker[None] = Worker(
+        None, store, concurrency=1, backoff=Backoff(0.01, 0.01), codec=codec
+    )
+    worker.register(Secret, charge)
+    job_id = await queue.enqueue(Secret("card"))
+    async with running(worker):
+        with pytest.raises(JobFailed, match=r"its results are not stored \(the run is not retried"):
+            await queue.result(job_id, timeout=60)
+    assert charged == ["card"]
+    job = await queue.job(job_id)
+    assert job is not None and job.run_count == 1 and job.status is JobStatus.DEAD

@@ -130,6 +130,11 @@ def test_overlap_skip_passes_a_tick_while_the_previous_run_is_going() -> None:
     ("kwargs", "message"),
     [
         ({"cron": "61 * * * *"}, "invalid cron expression '61 * * * *'"),
+        # A sixth field would be read as seconds, first: a daily 3:00 run every hour at :03.
+        ({"cron": "0 3 * * * *"}, "'0 3 * * * *': expected 5 fields"),
+        ({"cron": "0 3 * * * *"}, "@daily, @midnight, @hourly, got 6 fields"),
+        ({"cron": "@reboot"}, "'@reboot': expected 5 fields"),
+        ({"every": timedelta(days=1), "tz": "Europe/Riga"}, "tz= applies to cron= schedules"),
         ({"cron": "* * * * *", "every": timedelta(minutes=1)}, "exactly one of cron= and every="),
         ({}, "exactly one of cron= and every="),
         ({"every": timedelta(milliseconds=10)}, "at least 1 second"),
@@ -147,6 +152,14 @@ def test_a_bad_schedule_is_refused_with_what_is_wrong(
 ) -> None:
     with pytest.raises(ValueError, match=message.replace("*", r"\*")):
         Schedule("bad", Tick(), **kwargs)  # type: ignore[arg-type]
+
+
+def test_cron_shorthands_are_debian_crons() -> None:
+    assert Schedule("h", Tick(), cron="@hourly").cron == "0 * * * *"
+    assert (
+        Schedule("d", Tick(), cron="@DAILY", tz="Europe/Riga").spec == "cron 0 0 * * * Europe/Riga"
+    )
+    assert Schedule("w", Tick(), cron="@weekly").cron == "0 0 * * 0"
 
 
 def test_a_bad_name_or_task_is_refused() -> None:

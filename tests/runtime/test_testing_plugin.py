@@ -7,10 +7,15 @@ import os
 import subprocess
 import sys
 import textwrap
+from dataclasses import dataclass
 from pathlib import Path
 
 import asyncpg
 import pytest
+
+from venturi import Context, KeyRing, PostgresStore, Queue, SealedCodec, Task, Worker
+from venturi.encryption import new_key
+from venturi.testing import Jobs
 
 pytest_plugins = ["pytester"]
 
@@ -248,3 +253,32 @@ def test_without_pytest_asyncio_the_plugin_stays_out_of_the_way(tmp_path: Path) 
     )  # fmt: skip
     assert "1 passed" in result.stdout, result.stdout + result.stderr
     assert "venturi_store: venturi's test fixtures need pytest-asyncio" in result.stdout
+
+
+@dataclass
+class SecretCharge(Task):
+    KIND = "testing.secret_charge"
+    ENCRYPTED = True
+    card: str
+
+
+async def test_jobs_reads_what_the_applications_codec_stored(store: PostgresStore) -> None:
+    """`assert_enqueued` and `run_jobs` decode with the application's worker's codec (a
+    `SealedCodec` here) unless told another: the default JSON codec cannot open a sealed
+    payload."""
+    codec = SealedCodec(KeyRing({"k1": new_key()}))
+    charged: list[str] = []
+
+    async def charge(task: SecretCharge, ctx: Context[None], app: None) -> None:
+        charged.append(task.card)
+
+    def build(store: PostgresStore) -> Worker[None]:
+        worker: Worker[None] = Worker(None, store, codec=codec)
+        worker.register(SecretCharge, charge)
+        return worker
+
+    await Queue(store, codec=codec).enqueue(SecretCharge("4242"))
+    jobs = Jobs(store, build)
+    [found] = await jobs.assert_enqueued(SecretCharge, where=lambda t: t.card == "4242")
+    assert found == SecretCharge("4242")
+    assert await jobs.run_jobs() == 1 and charged == ["4242"]

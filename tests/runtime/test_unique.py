@@ -168,12 +168,12 @@ async def test_the_hold_ends_by_the_database_clock(store: PostgresStore, queue: 
 @pytest.mark.parametrize(
     ("unique_for", "unique_id", "message"),
     [
-        (60, None, r"brief\.unique_for\(\) is set but brief\.unique_id\(\) returned None"),
-        (None, "x", r"brief\.unique_id\(\) is set but brief\.unique_for\(\) returned None"),
-        (0, "x", r"brief\.unique_for\(\): expected a duration from 0\.001 s"),
-        (float("nan"), "x", r"brief\.unique_for\(\): expected a duration"),
-        (60, "a\x00b", r"brief\.unique_id\(\): the id holds a NUL character"),
-        (60, "x" * 2001, r"brief\.unique_id\(\): the id is 2,001 bytes of UTF-8"),
+        (60, None, r"Brief\.unique_for\(\) is set but Brief\.unique_id\(\) returned None"),
+        (None, "x", r"Brief\.unique_id\(\) is set but Brief\.unique_for\(\) returned None"),
+        (0, "x", r"Brief\.unique_for\(\): expected a duration from 0\.001 s"),
+        (float("nan"), "x", r"Brief\.unique_for\(\): expected a duration"),
+        (60, "a\x00b", r"Brief\.unique_id\(\): the id holds a NUL character"),
+        (60, "x" * 2001, r"Brief\.unique_id\(\): the id is 2,001 bytes of UTF-8"),
     ],
 )
 async def test_bad_unique_settings_are_clear_errors_and_store_nothing(
@@ -204,7 +204,7 @@ async def test_unique_and_dedup_are_alternatives(store: PostgresStore, queue: Qu
         def dedup_key(self) -> DedupKey:
             return DedupKey(self.shop)
 
-    with pytest.raises(ValueError, match=r"both: unique_for\(\)/unique_id\(\) and dedup_key"):
+    with pytest.raises(ValueError, match=r"Both: unique_for\(\)/unique_id\(\) and dedup_key"):
         await queue.enqueue(Both(1))
     assert await rows(store, "both") == []
 

@@ -58,4 +58,4 @@ def _span(age: timedelta) -> str:
         if seconds >= size and seconds % size == 0:
             n = int(seconds // size)
             return f"{n} {unit}{'s' if n != 1 else ''}"
-    return f"{seconds:g} seconds"
+    return f"{seconds:g} second{'s' if seconds != 1 else ''}"

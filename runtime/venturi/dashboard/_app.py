@@ -25,6 +25,7 @@ from starlette.staticfiles import StaticFiles
 from ulid import ULID
 
 from venturi._settings import check_kind
+from venturi._shown import shown
 from venturi.codec import DEFAULT_CODEC, Codec
 from venturi.dashboard import _guard, _views
 from venturi.dashboard._store import BULK_LIMIT, DashboardStore
@@ -507,7 +508,8 @@ class _Pages:
         if length not in PAUSE_FOR:
             raise HTTPException(
                 400,
-                f"Not paused: for={length!r:.40}: expected 15m, 1h, 4h or empty (until resumed).",
+                f"Not paused: for={shown(length, 40)}: expected 15m, 1h, 4h or empty "
+                "(until resumed).",
             )
         span = PAUSE_FOR[length]
         until = None if span is None else datetime.now(UTC) + span
@@ -563,7 +565,7 @@ def _name(text: str | None, what: str) -> str | None:
     except ValueError:
         raise HTTPException(
             400,
-            f"Not a {what}: {what}={text!r:.80} (a {what} is 1-200 letters, digits and "
+            f"Not a {what}: {what}={shown(text)} (a {what} is 1-200 letters, digits and "
             "_ . : / -, starting with a letter or digit).",
         ) from None
 

@@ -1,8 +1,9 @@
 -- The test helpers' statements (venturi.testing): never on a worker's path.
 
 -- testing_pending --
--- Pending jobs, oldest first, of one kind and one queue when given (NULL: any).
-SELECT id FROM {prefix}_jobs
+-- Pending jobs, oldest first, of one kind and one queue when given (NULL: any), with their
+-- stored payload (for the worker's codec to decode).
+SELECT id, kind, payload::text AS payload FROM {prefix}_jobs
 WHERE status = 'pending'
   AND (:kind::text IS NULL OR kind = :kind::text)
   AND (:queue::text IS NULL OR queue = :queue::text)
