@@ -239,7 +239,10 @@ def _checker(cls: type[Any]) -> msgspec.json.Decoder[Any] | None:
         return None
     found = _decoders.get(cls)
     if found is None:
-        found = _decoders[cls] = msgspec.json.Decoder(cls)
+        try:
+            found = _decoders[cls] = msgspec.json.Decoder(cls)
+        except Exception:  # a field type msgspec cannot decode: nothing to check it with
+            return None
     return found
 
 

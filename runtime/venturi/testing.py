@@ -108,7 +108,6 @@ class Jobs:
     ) -> None:
         self.store = store
         self._factory = worker
-        self._given_codec = codec
         self._codec_found: Codec | None = codec
 
     @property
