@@ -235,6 +235,7 @@ class Completer:
         unsure = False  # an attempt failed after sending: it may have committed
         while True:
             give_up_at = self._give_up_at if self._closing else None
+            epoch = self._outage.epoch
             try:
                 if give_up_at is None:
                     owned = await self._store.settle(
@@ -266,7 +267,7 @@ class Completer:
                     return None
                 await self._outage.wait(delay)
                 continue
-            self._outage.ok()
+            self._outage.ok(epoch)
             if unsure and len(owned) < len(batch):
                 owned |= await self._written_earlier([s for s in batch if s.id not in owned])
             return owned

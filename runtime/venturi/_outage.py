@@ -46,6 +46,8 @@ class Outage:
     def __init__(self, worker: str) -> None:
         self._worker = worker
         self._since: float | None = None
+        self.epoch = 0
+        """Outages begun so far: read before a call, given to `ok` after it."""
         self._failures = 0
         self._back = asyncio.Event()
         self._refusals: dict[tuple[str, str], float] = {}
@@ -72,6 +74,7 @@ class Outage:
         self._failures += 1
         if self._since is None:
             self._since = time.monotonic()
+            self.epoch += 1
             self._back.clear()
             logger.warning(
                 "worker %s: the database is unavailable (%s: %s); retrying until it is back",
@@ -82,9 +85,12 @@ class Outage:
         else:
             logger.debug("worker %s: %s failed again: %s", self._worker, what, describe(exc))
 
-    def ok(self) -> None:
-        """Record a statement that succeeded (cheap: called on every success)."""
-        if self._since is None:
+    def ok(self, epoch: int) -> None:
+        """Record a call that succeeded, begun when `epoch` was read (cheap: called on every
+        success). A call begun before the outage, answered just after it began, says nothing
+        of the database now: "back" then "unavailable" again would be logged within a
+        millisecond."""
+        if self._since is None or epoch != self.epoch:
             return
         lasted = time.monotonic() - self._since
         logger.warning(

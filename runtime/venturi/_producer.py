@@ -171,6 +171,7 @@ class Producer:
             claimable = want > 0 and bool(kinds or self._every_kind)
             self.wake.clear()
             if claimable:
+                epoch = self._outage.epoch
                 try:
                     if self._unsure:
                         await self._reconcile()
@@ -184,7 +185,7 @@ class Producer:
                     retry_delay = next_delay(retry_delay)
                     await self._outage.wait(retry_delay)
                     continue
-                self._outage.ok()
+                self._outage.ok(epoch)
                 retry_delay = 0.0
                 if claimed:
                     self._passed_over = 0.0  # the next held row backs off from the start

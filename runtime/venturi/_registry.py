@@ -44,6 +44,7 @@ class Heartbeat:
     async def run(self) -> None:
         delay = 0.0
         while True:
+            epoch = self._outage.epoch
             try:
                 self._started_at = await self._store.registry.heartbeat(self._me, self._started_at)
             except Exception as exc:
@@ -53,7 +54,7 @@ class Heartbeat:
                 delay = next_delay(delay)
                 await self._outage.wait(delay)
                 continue
-            self._outage.ok()
+            self._outage.ok(epoch)
             self.registered.set()
             delay = 0.0
             await asyncio.sleep(self._interval)

@@ -64,6 +64,7 @@ class Renewer:
                     await wait_for(runner.changed.wait(), min(due, deadline) - now)
                 continue
             progress = [h.progress.unwritten() for h in held]  # ctx.progress, sent along
+            epoch = self._outage.epoch
             try:
                 owned = await wait_for(
                     self._store.renew_leases(
@@ -81,7 +82,7 @@ class Renewer:
                 failed_at = loop.time()
                 delay = min(next_delay(delay), min(h.job.lease_s for h in held) * 0.1)
                 continue
-            self._outage.ok()
+            self._outage.ok(epoch)
             failed_at = None
             delay = 0.0
             for h, sent in zip(held, progress, strict=True):

@@ -120,6 +120,7 @@ class Rescuer:
     async def run(self) -> None:
         delay = 0.0
         while True:
+            epoch = self._outage.epoch
             try:
                 wait = await self._sweep()
             except Exception as exc:
@@ -129,7 +130,7 @@ class Rescuer:
                 delay = next_delay(delay)
                 await self._outage.wait(delay)
                 continue
-            self._outage.ok()
+            self._outage.ok(epoch)
             delay = 0.0
             await self._sleep(wait)
 

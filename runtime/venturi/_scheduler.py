@@ -54,6 +54,7 @@ class Scheduler:
     async def run(self) -> None:
         declared, delay = False, 0.0
         while True:
+            epoch = self._outage.epoch
             try:
                 if not declared:
                     await self._declare()
@@ -66,7 +67,7 @@ class Scheduler:
                 delay = next_delay(delay)
                 await self._outage.wait(delay)
                 continue
-            self._outage.ok()
+            self._outage.ok(epoch)
             delay = 0.0
             await asyncio.sleep(wait)
 

@@ -146,6 +146,7 @@ class Undertaker:
         look_at = loop.time()  # look for orphaned steps at once
         delay = 0.0
         while True:
+            epoch = self._outage.epoch
             try:
                 if self._buried:
                     await self._take_buried()
@@ -161,7 +162,7 @@ class Undertaker:
                 delay = next_delay(delay)
                 await self._outage.wait(delay)
                 continue
-            self._outage.ok()
+            self._outage.ok(epoch)
             delay = 0.0
             if not self._buried and not self._closing:
                 self._wake.clear()
@@ -352,6 +353,7 @@ class Undertaker:
         """Clear the step, retrying through outages (until cancelled at shutdown)."""
         delay = 0.0
         while True:
+            epoch = self._outage.epoch
             try:
                 await self._store.failure_steps.finish([hook.id], [hook.token])
             except Exception as exc:
@@ -361,5 +363,5 @@ class Undertaker:
                 delay = next_delay(delay)
                 await self._outage.wait(delay)
                 continue
-            self._outage.ok()
+            self._outage.ok(epoch)
             return

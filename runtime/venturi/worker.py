@@ -431,7 +431,8 @@ class Worker(Generic[AppT]):
             on_lease=rescuer.lease_announced,
             on_queue=self._on_queue,
             on_batch=runner.batch_cancelled,
-            on_connected=self._outage.ok,
+            # A connection just made: the database answers now.
+            on_connected=lambda: self._outage.ok(self._outage.epoch),
         )
         heartbeat = Heartbeat(self.store, self._registry_row(), outage=self._outage)
         maintainer = self._maintainer = Maintainer(
@@ -576,6 +577,7 @@ class Worker(Generic[AppT]):
         waiting cannot mend (credentials, a missing database, a schema mismatch) raises."""
         delay = 0.0
         while True:
+            epoch = self._outage.epoch
             try:
                 await self.store.check_privileges()  # first: it reads no table of the prefix
                 await self.store.check_schema()
@@ -586,7 +588,7 @@ class Worker(Generic[AppT]):
                 self._outage.failed("starting", exc)
                 delay = next_delay(delay)
                 await self._outage.wait(delay)
-        self._outage.ok()
+        self._outage.ok(epoch)
 
     def _check_pool(self) -> None:
         """Refuse a pool too small to run on (it would hang, not fail)."""

@@ -104,6 +104,22 @@ def test_statements_the_database_answered_and_refused_are_no_outage() -> None:
     assert outage.ongoing
 
 
+def test_a_call_begun_before_the_outage_does_not_end_it(caplog: pytest.LogCaptureFixture) -> None:
+    """Loops run concurrently: one call fails (the outage begins), another begun before it
+    is answered a moment later. That says nothing of the database now; "back", then
+    "unavailable" again, was logged within a millisecond."""
+    outage = Outage("w")
+    caplog.set_level(logging.WARNING, logger="venturi.worker")
+    before = outage.epoch
+    outage.failed("running failure hooks", asyncpg.AdminShutdownError("terminating connection"))
+    outage.ok(before)  # a call in flight when the outage began
+    assert outage.ongoing
+    outage.ok(outage.epoch)  # a call begun since: the database answers
+    assert not outage.ongoing
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 2 and "is unavailable" in said[0] and "is back after" in said[1]
+
+
 async def test_asyncpg_still_keeps_its_cancel_requests_where_the_store_waits_for_them(
     pg_dsn: str,
 ) -> None:

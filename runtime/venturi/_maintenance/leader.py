@@ -90,6 +90,7 @@ class Elector:
             now = self._loop.time()
             if self.term is not None and now >= self.deadline:
                 self._depose("its lease could not be renewed in time")
+            epoch = self._outage.epoch
             try:
                 attempt = await wait_for(
                     self._store.leadership.attempt(
@@ -104,7 +105,7 @@ class Elector:
                 delay = next_delay(delay)
                 await self._wait(delay)
                 continue
-            self._outage.ok()
+            self._outage.ok(epoch)
             delay = 0.0
             if self._retired:
                 if attempt.term is not None and attempt.term != self.term:
