@@ -100,8 +100,25 @@ def _holds_non_finite(value: Any) -> bool:
     return 0xCB in packed and _NON_FINITE.search(packed) is not None
 
 
-def _walk(value: Any, *, nan: bool, nul: bool) -> str | None:
-    """The first non-finite float (when `nan`) or string with a NUL (when `nul`), by path."""
+def surrogate_problem(value: Any) -> str | None:
+    """Where `value` holds a string that is not valid Unicode (a lone surrogate, which UTF-8
+    cannot encode), by path; None if it holds none."""
+    return _walk(value, nan=False, nul=False, surrogates=True)
+
+
+def _not_unicode(text: str) -> bool:
+    if text.isascii():
+        return False
+    try:
+        text.encode()
+    except UnicodeEncodeError:
+        return True
+    return False
+
+
+def _walk(value: Any, *, nan: bool, nul: bool, surrogates: bool = False) -> str | None:
+    """The first non-finite float (when `nan`), string with a NUL (when `nul`) or string that
+    is not valid Unicode (when `surrogates`), by path."""
     stack: list[tuple[str, Any]] = [("", value)]
     seen: set[int] = set()
     while stack:
@@ -117,6 +134,8 @@ def _walk(value: Any, *, nan: bool, nul: bool) -> str | None:
                 return (
                     f"{_where(path)} holds a NUL character (\\x00), which PostgreSQL cannot store"
                 )
+            if surrogates and _not_unicode(v):
+                return f"{_where(path)} is not valid Unicode (it holds a lone surrogate)"
         elif isinstance(v, bool | int | bytes | None) or id(v) in seen:
             continue
         else:
@@ -129,6 +148,8 @@ def _walk(value: Any, *, nan: bool, nul: bool) -> str | None:
                             f"a key of {_where(path)} holds a NUL character (\\x00), "
                             f"which PostgreSQL cannot store"
                         )
+                    if surrogates and isinstance(key, str) and _not_unicode(key):
+                        return f"a key of {_where(path)} is not valid Unicode (a lone surrogate)"
                     children.append((f"{path}[{key!r}]", item))
             elif isinstance(v, list | tuple | set | frozenset):
                 children = [(f"{path}[{i}]", item) for i, item in enumerate(v)]

@@ -19,7 +19,7 @@ from typing import Any, Protocol, TypeVar
 import msgspec
 from ulid import ULID
 
-from venturi._storable import json_problem
+from venturi._storable import json_problem, surrogate_problem
 from venturi.errors import PayloadError
 from venturi.task import is_encrypted_kind
 
@@ -88,6 +88,9 @@ class JsonCodec:
                 f"cannot encode {_what(value, role, kind)}: {_culprit(value)}nested too deeply "
                 f"(more levels than Python's recursion limit allows)"
             ) from None
+        except UnicodeEncodeError:  # a lone surrogate: say where it is, not only whose field
+            found = surrogate_problem(value) or "a string is not valid Unicode"
+            raise PayloadError(f"cannot encode {_what(value, role, kind)}: {found}") from None
         except (TypeError, ValueError, msgspec.EncodeError, OverflowError) as exc:
             raise PayloadError(
                 f"cannot encode {_what(value, role, kind)}: {_culprit(value)}{exc}"

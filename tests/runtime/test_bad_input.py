@@ -447,6 +447,10 @@ async def test_values_json_would_change_are_refused_naming_the_field(queue: Queu
         (Reading("a\x00b", 1.0), r"field 'sensor' holds a NUL character"),
         (Reading("s1", 1.0, extra={"k\x00": 1}), r"a key of field 'extra' holds a NUL"),
         (Reading("s1", 1.0, history=_nested(5000)), r"field 'history' \(list\): nested too deeply"),
+        (
+            Reading("s1", 1.0, history=[["ok", "x\udcff"]]),
+            r"field 'history\[0\]\[1\]' is not valid U",
+        ),
     ]
     for task, message in cases:
         with pytest.raises(PayloadError, match=r"cannot encode payload of Reading \(reading\): "):
