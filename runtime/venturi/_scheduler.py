@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from venturi._db.failures import breaks_connection, is_configuration_error, is_database_failure
 from venturi._outage import Outage, next_delay
@@ -40,8 +40,11 @@ class Scheduler:
         codec: Codec,
         poll_max: float,
         outage: Outage,
+        on_enqueued: Callable[[], None] | None = None,
     ) -> None:
         self._store = store
+        self._on_enqueued = on_enqueued
+        """Called after a pass that enqueued a tick (a worker without LISTEN wakes itself)."""
         self._schedules = {s.name: s for s in schedules}
         self._names = list(self._schedules)
         self._queue = queue
@@ -59,7 +62,10 @@ class Scheduler:
                 if not declared:
                     await self._declare()
                     declared = True
+                before = self.enqueued
                 wait = await self._pass()
+                if self.enqueued != before and self._on_enqueued is not None:
+                    self._on_enqueued()
             except Exception as exc:
                 if not is_database_failure(exc):
                     raise

@@ -224,6 +224,8 @@ class Worker(Generic[AppT]):
         self._settled: Counter[str] = Counter()
         self._runner: Runner | None = None
         self._producer: Producer | None = None
+        self._listens = True
+        """Whether this worker LISTENs (else it polls, and wakes itself for its own writes)."""
         self._rescuer: Rescuer | None = None
         self._undertaker: Undertaker | None = None
         self._maintainer: Maintainer | None = None
@@ -365,6 +367,7 @@ class Worker(Generic[AppT]):
             logger.info("worker %s stopped before it started", self.identity)
             return
         self._started = True
+        self._listens = self.store.can_listen
         identity = str(self.identity)
         undertaker = self._undertaker = Undertaker(
             self.store,
@@ -548,6 +551,7 @@ class Worker(Generic[AppT]):
             codec=self.policy.codec,
             poll_max=self.poll_max,
             outage=self._outage,
+            on_enqueued=None if self._listens else self._woken_here,
         )
         return [asyncio.create_task(scheduler.run(), name="venturi-scheduler")]
 
@@ -633,8 +637,17 @@ class Worker(Generic[AppT]):
         if queue in self.queues and self._producer is not None:
             self._producer.pauses_changed()
 
+    def _woken_here(self) -> None:
+        """This worker wrote what may be work for it (a tick's job; a settlement, which may
+        release a chain's next link or a batch's callback, or set a retry's time): without
+        LISTEN nothing else would tell it before its next poll, so it looks again now."""
+        if self._producer is not None:
+            self._producer.wake.set()
+
     def _on_settled(self, settlement: Settlement, kept: bool) -> None:
         self._settled[settlement.outcome if kept else "lost"] += 1
+        if kept and not self._listens:
+            self._woken_here()
         if kept and settlement.hook_token is not None and self._undertaker is not None:
             self._undertaker.bury(settlement.id, settlement.hook_token, settlement.error)
         hooks = self.hooks

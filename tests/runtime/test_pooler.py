@@ -21,6 +21,7 @@ import asyncpg
 import pytest
 
 from venturi import (
+    Backoff,
     Context,
     DedupKey,
     JobStatus,
@@ -377,3 +378,35 @@ async def _is(leaders: Callable[[], Awaitable[list[str]]], expected: list[str]) 
 async def _ticked(queue: Queue, n: int) -> bool:
     infos = await queue.schedules()
     return bool(infos) and infos[0].enqueued >= n
+
+
+async def test_a_polling_worker_wakes_itself_for_what_it_wrote(pooled: PostgresStore) -> None:
+    """Without LISTEN a worker learns of new work only when it polls; what it wrote itself (a
+    chain's next link released by its settlement, a retry's new time, a tick's job) it knows
+    of: it looks again at once. poll_max is an hour: only that can run these in time."""
+    ran: list[tuple[int, int]] = []
+
+    async def handle(task: Step, ctx: Context[None], app: None) -> None:
+        ran.append((task.n, ctx.run_count))
+        if task.n == 3 and ctx.run_count == 1:
+            raise TaskError.retryable("once more")
+
+    queue = Queue(pooled)
+    # Stored before the worker starts: its first claim finds the first link, and nothing but
+    # its own writes can tell it of the rest within the hour.
+    _, _, third = await queue.chain(Step(1), Step(2), Step(3))
+    worker = Worker(None, pooled, concurrency=1, poll_max=3600.0, backoff=Backoff(0.05, 0.05))
+    worker.register(Step, handle)
+    async with running(worker):
+        await until_status(queue, third, JobStatus.COMPLETED)
+    assert ran == [(1, 1), (2, 1), (3, 1), (3, 2)]
+
+    every_second = Schedule("pooler-self-tick", Step(9), every=timedelta(seconds=1))
+    ticking = Worker(None, pooled, concurrency=1, poll_max=3600.0, schedules=[every_second])
+    ticking.register(Step, handle)
+    async with running(ticking):
+        await until(lambda: _ran_tick(ran))
+
+
+async def _ran_tick(ran: list[tuple[int, int]]) -> bool:
+    return any(n == 9 for n, _ in ran)
