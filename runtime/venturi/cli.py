@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import importlib
 import inspect
 import json
@@ -52,6 +53,7 @@ from venturi._dsn import secret_pieces
 from venturi._outage import REFUSALS
 from venturi._settings import check_kind, check_queue_name
 from venturi._shown import shown
+from venturi._timeouts import wait_for
 from venturi.embedded import EmbeddedPostgresError
 from venturi.encryption import KEYS_ENV, KeyRing, SealedCodec, new_key
 from venturi.errors import JobStateError, MetricsPortError, SchemaError
@@ -741,14 +743,24 @@ def _queues_text(states: list[QueueState]) -> str:
     return _table(rows)
 
 
+class _StoppedWaiting(Exception):
+    """SIGTERM or SIGINT while `venturi worker` waited for its database: it held nothing, so
+    it exits at once, and cleanly (status 0, as after a shutdown once running)."""
+
+
 class _Waiting:
     """Runs a start-up step of `venturi worker` until the database answers: a database that
     is unreachable (down, restarting, out of connections, a name not resolving yet) is
     waited for, logged once when the wait begins and once when it ends; an error waiting
-    cannot mend (credentials, a missing database or schema, a bug) raises at once."""
+    cannot mend (credentials, a missing database or schema, a bug) raises at once. SIGTERM
+    and SIGINT set `stop` from the start (the worker's shutdown once it runs)."""
 
     def __init__(self) -> None:
         self._since: float | None = None
+        self.stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.stop.set)
 
     async def run(self, step: str, attempt: Callable[[], Awaitable[_T]]) -> _T:
         delay = 0.0
@@ -766,7 +778,10 @@ class _Waiting:
                         describe(exc),
                     )
                 delay = next_delay(delay)
-                await asyncio.sleep(delay)
+                with contextlib.suppress(TimeoutError):
+                    await wait_for(self.stop.wait(), delay)
+                if self.stop.is_set():
+                    raise _StoppedWaiting from None
                 continue
             if self._since is not None:
                 logger.warning(
@@ -824,10 +839,7 @@ async def _worker(args: argparse.Namespace, store: PostgresStore, waiting: _Wait
         await store.check_schema()
 
     await waiting.run("starting", check)  # before saying "serving" (run() checks again)
-    shutdown = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, shutdown.set)
+    shutdown = waiting.stop  # SIGTERM and SIGINT, since the process started
     # Every task the worker starts inherits the field: each of its records names it.
     with logs.bound({"worker": str(built.identity)}):
         logger.info("worker %s serving %s from %s", built.identity, built.kinds, list(built.queues))
@@ -1143,6 +1155,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _loops.LoopUnavailable,
     ) as exc:
         return _fail(args, exc, str(exc), redact)
+    except _StoppedWaiting:
+        logger.info("worker: stopped while waiting for the database")
+        return 0
     except BrokenPipeError:
         # The reader of our output left (`venturi jobs | head`): not a database error. Python
         # would complain again when it flushes stdout at exit; point it at nothing instead.

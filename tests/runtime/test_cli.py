@@ -177,6 +177,25 @@ async def test_worker_command_waits_for_a_database_not_up_yet(pg_dsn: str) -> No
     assert run.returncode == 2 and 'database "no_such_database" does not exist' in run.stderr
 
 
+async def test_a_worker_waiting_for_its_database_stops_cleanly_on_sigterm() -> None:
+    """It holds nothing yet: SIGTERM ends it at once, with status 0 (as a shutdown once it
+    runs), not killed by the signal (143)."""
+    with socket.socket() as nobody:  # a port nothing listens on: the wait goes on
+        nobody.bind(("127.0.0.1", 0))
+        port = nobody.getsockname()[1]
+        proc = await worker_process(f"postgresql://postgres@127.0.0.1:{port}/postgres", "venturi")
+        assert proc.stderr is not None
+        try:
+            first = (await asyncio.wait_for(proc.stderr.readline(), timeout=30)).decode()
+            assert "worker: the database is unavailable (connecting: " in first, first
+            proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
+        finally:
+            if proc.returncode is None:
+                proc.kill()
+                await proc.wait()
+
+
 async def test_demo_settles_every_job(pg_dsn: str, prefix: str) -> None:
     import io
 
