@@ -899,6 +899,9 @@ def _recommend(
             f"{wait:g} s): {work:.0f} busy slots of {k} per replica"
         )
         tolerance_up, tolerance_down = _tolerances(pool.behavior, 0.0)
+    if load.paused:
+        # Counted in the JobQueue's pending column, not as demand: say why they scale nothing.
+        counted += f"; {load.paused} more pending in paused queues (no demand)"
     # The HPA's tolerance, on the work per slot: no change while it is close enough to 1.
     ratio = work / (k * current) if current else math.inf
     tolerated = 1.0 - tolerance_down <= ratio <= 1.0 + tolerance_up

@@ -890,6 +890,17 @@ def _conditions(
     if fallback:
         d = fallback[0]
         out.append(c(type="Fallback", ok=True, reason=str(d.reason), message=d.message))
+    elif db_problem is not None:
+        # No pool could act on the fallback either (none opted in, say): nothing is held at
+        # fallbackReplicas, but the stats are not available.
+        out.append(
+            c(
+                type="Fallback",
+                ok=False,
+                reason="NoPoolToHold",
+                message="stats could not be read, and no pool could be held at its fallback",
+            )
+        )
     else:
         out.append(
             c(

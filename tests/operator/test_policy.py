@@ -1392,7 +1392,13 @@ def test_paused_and_unserved_jobs_are_no_demand() -> None:
     assert jobs.demand == 0
     assert decide(jobs, spec, OLD, NOW, current=0).replicas == 0
     some = PoolLoad(pending=50, claimed=0, paused=20)
-    assert decide(some, spec, OLD, NOW, current=0).replicas == 3
+    decision = decide(some, spec, OLD, NOW, current=0)
+    assert decision.replicas == 3
+    # The JobQueue shows them as pending: its message says why they scale nothing.
+    assert "; 20 more pending in paused queues (no demand)" in decision.message
+    assert (
+        "paused" not in decide(PoolLoad(pending=30, claimed=0), spec, OLD, NOW, current=0).message
+    )
     with pytest.raises(ValueError, match="paused"):
         PoolLoad(pending=5, claimed=0, paused=4, unserved=2)
 

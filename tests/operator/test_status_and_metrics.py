@@ -109,3 +109,26 @@ def test_exposition_passes_promtool() -> None:
         ["promtool", "check", "metrics"], input=text, capture_output=True, timeout=30
     )
     assert result.returncode == 0, result.stdout.decode() + result.stderr.decode()
+
+
+def test_fallback_does_not_say_stats_are_available_when_they_are_not() -> None:
+    """No pool opted in and the database unreadable: nothing is held at a fallback, and the
+    condition must not claim that decisions are based on current stats."""
+    from venturi_operator.reconcile import _conditions
+    from venturi_operator.spec import parse_spec
+
+    spec = parse_spec(
+        {
+            "database": {"secretName": "db"},
+            "pools": [{"deployment": "w", "maxReplicas": 3, "targetPerReplica": 8}],
+        }
+    )
+    conditions = {
+        c.type: c
+        for c in _conditions(spec, ("SecretKeyMissing", "no key"), [("NotOptedIn", "x")], [])
+    }
+    fallback = conditions["Fallback"]
+    assert (fallback.ok, fallback.reason) == (False, "NoPoolToHold")
+    assert "current stats" not in fallback.message
+    readable = {c.type: c for c in _conditions(spec, None, [("NotOptedIn", "x")], [])}
+    assert readable["Fallback"].reason == "StatsAvailable"
