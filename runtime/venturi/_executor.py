@@ -120,7 +120,10 @@ async def execute(
         finally:
             timed_out = deadline is not None and deadline.close()
     except asyncio.CancelledError:
-        if timed_out and not cancellation.forced:
+        if timed_out:
+            # The timeout came first: a failed execution, also when a shutdown or a lost lease
+            # then forced the abort (released, a run that ignores its timeout would never count
+            # as an attempt under rolling deploys; a settle of a lost lease is refused anyway).
             return _timed_out(job, ctx, policy, started, deadline)
         reason = cancellation.note if cancellation.forced else None
         if reason is None:
@@ -360,6 +363,16 @@ def crashed(job: ClaimedJob, policy: Policy, exc: Exception, duration_s: float) 
     of venturi's, never the handler's: its exceptions are failures already)."""
     message = f"venturi failed running the job: {failure_note(exc)}"
     return _failed(job, policy, message, permanent=False, error=exc, duration_s=duration_s)
+
+
+def abandoned_after_timeout(job: ClaimedJob, policy: Policy) -> Settlement:
+    """A failed execution for a run that passed its timeout, ignored the cancellation, and
+    was given up on at shutdown (its handler may still be running)."""
+    message = (
+        f"timeout: the run took longer than its timeout of {job.timeout_s:g}s (the handler "
+        "ignored the cancellation; abandoned at shutdown)"
+    )
+    return _failed(job, policy, message, permanent=False)
 
 
 def _unrecordable(job: ClaimedJob, policy: Policy, duration_s: float, reason: str) -> Settlement:

@@ -27,7 +27,7 @@ from ulid import ULID
 from venturi import _current, logs
 from venturi._completer import Completer
 from venturi._db.failures import describe, is_database_failure
-from venturi._executor import Policy, Registration, crashed, execute
+from venturi._executor import Policy, Registration, abandoned_after_timeout, crashed, execute
 from venturi._hooks import HookSet
 from venturi._records import ClaimedJob, Settlement
 from venturi.context import Cancellation, CancelReason, ProgressCell
@@ -454,9 +454,13 @@ class Runner:
         self._forget(held)
         if held.task is not None:
             self._abandoned.append(held.task)
-        # Buffered synchronously: the completer's close() flushes it.
-        self._completer.settle_nowait(
-            Settlement.of(
+        # Buffered synchronously: the completer's close() flushes it. A run past its timeout
+        # before the shutdown is a failed execution, as it would have been without one: a
+        # release would never count it as an attempt (redeployed often, never dead).
+        if held.cancellation.reason is CancelReason.TIMEOUT:
+            settlement = abandoned_after_timeout(job, self._policy)
+        else:
+            settlement = Settlement.of(
                 job, "released", note="the handler ignored cancellation at shutdown; abandoned"
             )
-        )
+        self._completer.settle_nowait(settlement)

@@ -254,6 +254,38 @@ async def test_a_handler_that_ignores_its_timeout_keeps_its_slot_and_its_job(
         logging.getLogger("venturi._executor").removeHandler(stuck)
 
 
+async def test_a_run_past_its_timeout_then_stopped_by_a_shutdown_counts_as_failed(
+    queue: Queue,
+) -> None:
+    """The timeout fired, the handler ignored it, and then the worker shut down (a deploy, a
+    scale-in): that run is a failed execution, its note the timeout. Recorded as a release,
+    such a job never used an attempt and, redeployed often enough, never went dead."""
+    timed_out, let_go = asyncio.Event(), asyncio.Event()
+
+    async def stubborn(task: Stubborn, ctx: Context[None], app: None) -> Outcome:
+        while not let_go.is_set():
+            try:
+                await let_go.wait()
+            except asyncio.CancelledError:
+                if ctx.cancel_reason is CancelReason.TIMEOUT:
+                    timed_out.set()  # and goes on, ignoring it
+        return Outcome.completed()
+
+    worker = Worker(None, queue.store, concurrency=1, shutdown_timeout=0.2)
+    worker.register(Stubborn, stubborn)
+    job_id = await queue.enqueue(Stubborn())
+    try:
+        async with running(worker):
+            await asyncio.wait_for(timed_out.wait(), WAIT_TIMEOUT)
+    finally:
+        let_go.set()  # the abandoned handler may end now
+    job = await queue.job(job_id)
+    assert job is not None and (job.status, job.failures) == (JobStatus.DEAD, 1)
+    [entry] = await queue.job_journal(job_id)
+    assert entry.outcome == "dead" and entry.note is not None
+    assert "timeout: the run took longer than its timeout of 0.2s" in entry.note
+
+
 async def test_the_lease_of_a_job_with_a_timeout_outlasts_it(queue: Queue) -> None:
     store = queue.store
     short_lease = await queue.enqueue(Slow(seconds=120, lease_s=1))  # lease < timeout
