@@ -35,6 +35,16 @@ REFUSALS = {
         "a lock_timeout of the role or database (SHOW lock_timeout) shorter than venturi's "
         "statements wait for a row or table lock"
     ),
+    # A prepared statement missing, or there twice, on the server: a transaction pooler
+    # (PgBouncer, Supavisor, RDS Proxy) hands the session's statements to other clients.
+    "26000": (
+        "a transaction pooler between this worker and the database? Say so: "
+        "pooler='transaction' (venturi worker --pooler transaction; README: Behind PgBouncer)"
+    ),
+    "42P05": (
+        "a transaction pooler between this worker and the database? Say so: "
+        "pooler='transaction' (venturi worker --pooler transaction; README: Behind PgBouncer)"
+    ),
 }
 """SQLSTATEs of statements the database answered and cut short or refused, by why: not an
 outage (other statements succeed meanwhile: "unavailable" then "back" would alternate)."""

@@ -114,7 +114,7 @@ def parse_duration(text: str) -> timedelta:
     match = _DURATION.fullmatch(text.strip())
     if not match:
         raise argparse.ArgumentTypeError(
-            f"expected a duration like 90s, 15m, 12h, 7d, got {text!r}"
+            f"expected a duration with its unit, like 90s, 15m, 12h, 7d, got {text!r}"
         )
     try:
         return timedelta(seconds=float(match["n"]) * _UNITS[match["unit"]])
@@ -155,6 +155,26 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a number >= 1, got {value}")
     return value
+
+
+def _queue_name(text: str) -> str:
+    """A queue name, checked before anything connects ('' is no queue, not every queue)."""
+    try:
+        return check_queue_name(text, setting="queue")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc).removeprefix("queue: ")) from None
+
+
+def _at_most(most: int) -> Callable[[str], int]:
+    """`positive_int`, and at most `most` (the API's own bound, said with the flag)."""
+
+    def parse(text: str) -> int:
+        value = positive_int(text)
+        if value > most:
+            raise argparse.ArgumentTypeError(f"expected a number from 1 to {most:,}, got {value}")
+        return value
+
+    return parse
 
 
 def parse_time(text: str) -> datetime:
@@ -279,8 +299,8 @@ def _parser() -> argparse.ArgumentParser:
     jobs = sub.add_parser("jobs", parents=[common], help="list jobs, newest first")
     jobs.add_argument("--status", choices=[s.value for s in JobStatus])
     jobs.add_argument("--kind")
-    jobs.add_argument("--queue", help="only this named queue's jobs")
-    jobs.add_argument("--limit", type=positive_int, default=50)
+    jobs.add_argument("--queue", type=_queue_name, help="only this named queue's jobs")
+    jobs.add_argument("--limit", type=_at_most(10_000), default=50)
     jobs.add_argument("--before", help="job id: list jobs older than this one (paging)")
 
     journal = sub.add_parser("journal", parents=[common], help="one job's journal")
@@ -313,19 +333,19 @@ def _parser() -> argparse.ArgumentParser:
     failed = sub.add_parser("failed", help="the jobs that failed for good (status dead)")
     action = failed.add_subparsers(dest="action", required=True)
     listing = action.add_parser("list", parents=[common], help="failed jobs, newest first")
-    listing.add_argument("--queue")
+    listing.add_argument("--queue", type=_queue_name)
     listing.add_argument("--kind")
     listing.add_argument("--limit", type=positive_int, default=50)
     listing.add_argument("--before", help="job id: list jobs older than this one (paging)")
     retry = action.add_parser("retry", parents=[common], help="put failed jobs back in their queue")
     retry.add_argument("job_ids", nargs="+", metavar="JOB_ID")
     retry_all = action.add_parser("retry-all", parents=[common], help="retry every failed job")
-    retry_all.add_argument("--queue")
+    retry_all.add_argument("--queue", type=_queue_name)
     retry_all.add_argument("--kind")
     forget = action.add_parser("forget", parents=[common], help="delete failed jobs")
     forget.add_argument("job_ids", nargs="+", metavar="JOB_ID")
     flush = action.add_parser("flush", parents=[common], help="delete every failed job")
-    flush.add_argument("--queue")
+    flush.add_argument("--queue", type=_queue_name)
     flush.add_argument("--kind")
     flush.add_argument("--older-than", type=parse_duration, help="failed at least this long ago")
     batches = sub.add_parser("batches", help="batches: list, show, cancel and prune")
@@ -489,7 +509,7 @@ async def _run(args: argparse.Namespace) -> int:
                 JobFilter(
                     status=JobStatus(args.status) if args.status else None,
                     kind=args.kind,
-                    queue=check_queue_name(args.queue, setting="--queue") if args.queue else None,
+                    queue=args.queue,
                     limit=args.limit,
                     before_id=_ulid(args.before) if args.before else None,
                 )

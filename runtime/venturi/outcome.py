@@ -98,12 +98,25 @@ def failure_note(exc: BaseException) -> str:
     message holds a NUL or its `__str__` itself raises."""
     message = getattr(exc, "message", None) if isinstance(exc, TaskError) else None
     if isinstance(message, str):
-        return safe_text(message)
+        return safe_text(_kept(message))
     try:
         text = str(exc)
     except Exception as inner:
         text = f"<unprintable: its __str__ raised {type(inner).__name__}>"
-    return safe_text(f"{type(exc).__name__}: {text}")
+    return safe_text(f"{type(exc).__name__}: {_kept(text)}")
+
+
+def _kept(text: str) -> str:
+    """A message of megabytes (a response body, a dump) would be stored in the job and in its
+    journal, and logged, whole: its start says what went wrong."""
+    if len(text) <= FAILURE_NOTE_MAX_CHARS:
+        return text
+    cut = len(text) - FAILURE_NOTE_MAX_CHARS
+    return f"{text[:FAILURE_NOTE_MAX_CHARS]}... ({cut:,} more character{'s' * (cut != 1)} not kept)"
+
+
+FAILURE_NOTE_MAX_CHARS = 8000
+"""The most of an exception's message a failed run's note (and `last_error`) keeps."""
 
 
 class TaskError(Exception):

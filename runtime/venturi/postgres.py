@@ -1328,7 +1328,11 @@ class PostgresStore:
     ) -> list[FailedJob]:
         """Failed (dead) jobs, newest first, their payloads decoded by `codec`."""
         return await self.failed.page(
-            queue=queue, kind=kind, before_id=before_id, limit=limit, decode=codec.decode_any
+            queue=queue,
+            kind=kind,
+            before_id=before_id,
+            limit=limit,
+            decode=functools.partial(_listed, codec.decode_any),
         )
 
     @_schema_required
@@ -1396,8 +1400,8 @@ def _job(row: asyncpg.Record, codec: Codec) -> Job:
         run_at=row["run_at"],
         created_at=row["created_at"],
         finished_at=row["finished_at"],
-        payload=codec.decode_any(row["payload"]),
-        carry=None if carry is None else codec.decode_any(carry),
+        payload=_listed(codec.decode_any, row["payload"]),
+        carry=None if carry is None else _listed(codec.decode_any, carry),
         run_count=row["run_count"],
         failures=row["failures"],
         claimed_at=row["claimed_at"],
@@ -1414,7 +1418,20 @@ def _job(row: asyncpg.Record, codec: Codec) -> Job:
 def _plain(text: str | None) -> Any:
     """A result or progress: stored as plain JSON, never through a codec (an encrypted task
     may store neither), so a codec's `decode_any` never sees them."""
-    return None if text is None else msgspec.json.decode(text)
+    return None if text is None else _listed(msgspec.json.decode, text)
+
+
+UNLISTED = {"venturi:unlisted": "nested too deeply to decode here (a worker decodes it)"}
+"""What a listing shows of a value nested deeper than the listing's own call stack leaves
+room to decode (enqueue takes nesting up to Python's recursion limit, from a shallower
+stack): the rest of the listing is shown, not lost to a RecursionError."""
+
+
+def _listed(decode: Callable[[str], Any], text: str) -> Any:
+    try:
+        return decode(text)
+    except RecursionError:
+        return dict(UNLISTED)
 
 
 def _check_seconds(name: str, value: object, *, low: float) -> None:

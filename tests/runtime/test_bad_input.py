@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import math
+import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta, timezone
 
@@ -336,6 +338,12 @@ def test_failure_notes_survive_hostile_exceptions() -> None:
         "Unprintable: <unprintable: its __str__ raised RuntimeError>"
     )
     assert failure_note(KeyError("\udcff")) == "KeyError: '\\udcff'"
+    # A message of megabytes keeps its start, and says how much it left out.
+    huge = failure_note(RuntimeError("x" * 5_000_000))
+    assert huge == f"RuntimeError: {'x' * 8000}... (4,992,000 more characters not kept)"
+    assert failure_note(TaskError.retryable("y" * 8001)).endswith(
+        "y... (1 more character not kept)"
+    )
 
 
 def test_attach_refuses_what_json_would_change() -> None:
@@ -922,3 +930,21 @@ async def test_filters_take_a_status_by_its_name_and_refuse_unknown_ones_and_kin
     page = await queue.jobs(JobFilter(before_id=str(newer)))  # type: ignore[arg-type]
     assert [j.id for j in page] == [job_id]
     assert (await queue.stats()).pending == 2  # nothing changed
+
+
+async def test_a_listing_shows_what_it_cannot_decode_and_the_rest(queue: Queue) -> None:
+    """Enqueue takes nesting up to Python's recursion limit, from a shallow stack; a listing
+    decodes from a deeper one (here made so by a lower limit). The value it cannot decode
+    shows as such: the listing, and the CLI's, is not lost to a RecursionError."""
+    deep = await queue.enqueue(Reading("deep", 1.0, history=_nested(600)))
+    plain = await queue.enqueue(Reading("plain", 2.0))
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(len(inspect.stack(0)) + 300)  # room for everything but the value
+    try:
+        listed = {j.id: j.payload for j in await queue.jobs()}
+    finally:
+        sys.setrecursionlimit(limit)
+    assert listed[deep] == {
+        "venturi:unlisted": "nested too deeply to decode here (a worker decodes it)"
+    }
+    assert listed[plain]["sensor"] == "plain"

@@ -532,3 +532,23 @@ async def test_a_metrics_port_in_use_is_said_as_such(queue: Queue, pg_dsn: str) 
         f"venturi: metrics_port {port}: cannot serve /metrics on 127.0.0.1:{port}: "
         "Address already in use"
     ), run.stderr
+
+
+def test_bad_flags_are_named_before_anything_connects() -> None:
+    dsn = "postgresql://nobody@127.0.0.1:1/none"  # never reached: each is refused first
+    cases = [
+        (["jobs", "--queue", ""], "argument --queue: invalid queue name ''"),  # not every queue
+        (
+            ["jobs", "--limit", "99999999999"],
+            "argument --limit: expected a number from 1 to 10,000",
+        ),
+        (["failed", "list", "--queue", "a b"], "argument --queue: invalid queue name 'a b'"),
+        (
+            ["worker", "m:f", "--max-time", "150"],
+            "argument --max-time: expected a duration with its unit, like 90s",
+        ),
+    ]
+    for args, message in cases:
+        run = venturi(*args, dsn=dsn)
+        assert run.returncode == 2 and message in run.stderr, (args, run.stderr)
+        assert "database error" not in run.stderr

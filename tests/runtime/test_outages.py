@@ -41,7 +41,7 @@ from venturi._db.failures import (
     is_refused_data,
 )
 from venturi._executor import Policy, _unrecordable
-from venturi._outage import Outage
+from venturi._outage import REFUSALS, Outage
 from venturi._records import Settlement
 
 from .helpers import running, until, until_status
@@ -97,9 +97,18 @@ def test_statements_the_database_answered_and_refused_are_no_outage() -> None:
         asyncpg.QueryCanceledError("canceling statement due to statement timeout"),
         asyncpg.ReadOnlySQLTransactionError("cannot execute INSERT in a read-only transaction"),
         asyncpg.LockNotAvailableError("canceling statement due to lock timeout"),
+        # A transaction pooler not named (pooler="transaction"): asyncpg's statements go
+        # missing, or are found twice, on the server connections it is handed.
+        asyncpg.InvalidSQLStatementNameError(
+            'prepared statement "__asyncpg_stmt_a__" does not exist'
+        ),
+        asyncpg.DuplicatePreparedStatementError(
+            'prepared statement "__asyncpg_stmt_b__" already exists'
+        ),
     ):
         outage.failed("claiming", refused)
         assert not outage.ongoing, refused
+    assert "pooler='transaction'" in REFUSALS["26000"] and REFUSALS["42P05"] == REFUSALS["26000"]
     outage.failed("claiming", asyncpg.AdminShutdownError("terminating connection"))
     assert outage.ongoing
 
