@@ -319,7 +319,7 @@ class Queue:
             stored_text(codec, payload, role=what, kind=job.kind),
             True,
             carry,
-            int(_priority(merged.priority(), f"{job.kind}.priority()")),
+            int(_priority(merged.priority(), f"{task_type.__name__}.priority()")),
         )
 
     async def enqueue_at(
