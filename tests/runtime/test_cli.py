@@ -126,6 +126,19 @@ async def worker_process(dsn: str, prefix: str) -> asyncio.subprocess.Process:
     )
 
 
+async def terminated(proc: asyncio.subprocess.Process) -> int:
+    """SIGTERM, then the process's exit status (within 30 s)."""
+    proc.send_signal(signal.SIGTERM)
+    return await asyncio.wait_for(proc.wait(), timeout=30)
+
+
+async def reap(proc: asyncio.subprocess.Process) -> None:
+    """Kill the process if a failed assertion left it running."""
+    if proc.returncode is None:
+        proc.kill()
+        await proc.wait()
+
+
 async def test_worker_command_runs_and_stops_gracefully_on_sigterm(
     queue: Queue, pg_dsn: str
 ) -> None:
@@ -135,12 +148,9 @@ async def test_worker_command_runs_and_stops_gracefully_on_sigterm(
         await until_status(queue, job_id, JobStatus.COMPLETED)
         [entry] = await queue.job_journal(job_id)
         assert entry.note == "via cli"
-        proc.send_signal(signal.SIGTERM)
-        assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
+        assert await terminated(proc) == 0
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await reap(proc)
     assert proc.stderr is not None
     stderr = (await proc.stderr.read()).decode()
     assert "serving ['echo']" in stderr
@@ -162,12 +172,9 @@ async def test_worker_command_waits_for_a_database_not_up_yet(pg_dsn: str) -> No
             pg.launch()
             async with await PostgresStore.connect(pg.dsn) as store:
                 await until_status(Queue(store), job_id, JobStatus.COMPLETED)
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
+            assert await terminated(proc) == 0
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+            await reap(proc)
     rest = (await proc.stderr.read()).decode()
     assert rest.count("the database is unavailable") == 0  # logged once, when the wait began
     assert "worker: the database is back after" in rest and "serving ['echo']" in rest
@@ -188,12 +195,9 @@ async def test_a_worker_waiting_for_its_database_stops_cleanly_on_sigterm() -> N
         try:
             first = (await asyncio.wait_for(proc.stderr.readline(), timeout=30)).decode()
             assert "worker: the database is unavailable (connecting: " in first, first
-            proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
+            assert await terminated(proc) == 0
         finally:
-            if proc.returncode is None:
-                proc.kill()
-                await proc.wait()
+            await reap(proc)
 
 
 async def test_demo_settles_every_job(pg_dsn: str, prefix: str) -> None:
@@ -338,9 +342,7 @@ async def test_worker_logs_json_lines_and_never_the_password(queue: Queue, pg_ds
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = await asyncio.wait_for(proc.communicate(), timeout=30)
     finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await reap(proc)
     assert proc.returncode == 0
     out, err = stdout.decode(), stderr.decode()
     assert marker.lower() not in (out + err).lower()
