@@ -17,6 +17,7 @@ from bench.autoscale.variants import (
     CLAIRVOYANT_SPARED,
     EIGHTHS,
     LONG_HOLD,
+    NO_LAG,
     NO_RETRY,
     NO_SPARE,
     NO_TREND,
@@ -285,7 +286,9 @@ def render(
         "interval after a scale-in that busy pods held back, as before, not 2 s); "
         f"*{SHORT_HOLD}* (no bridging of "
         f"frequent bursts); *{LONG_HOLD}* (bridging whatever the bursts); *{NO_TREND}* (the "
-        f"arrival rate without its trend); *{UNFENCED}* (the scale-in as before its fence: costs "
+        f"arrival rate without its trend); *{NO_LAG}* (jobs that got longer left to the "
+        "ten-minute service time, as before: no two-tick reading of it); "
+        f"*{UNFENCED}* (the scale-in as before its fence: costs "
         "from one read of the claims, and a moment after it in which a victim may claim; see "
         "the scale-in race below); and a *clairvoyant* that knows the trace's arrival "
         "rate (the bounds below).",
@@ -695,6 +698,24 @@ def _analysis(
             "and a start-up. Without the trend: a p99 of "
             f"{fig('diurnal', NO_TREND, 'wait_p99', '{:.1f}')} s against "
             f"{fig('diurnal', 'venturi', 'wait_p99', '{:.1f}')} s."
+        )
+    if "longer" in summary:
+        out.append(
+            "- **longer.** No goal is set on it: the arrivals stay at 4 jobs/s while the jobs "
+            "enqueued from 40 % to 70 % of the trace run four times as long, the work four "
+            "times as much. KEDA sees it in its outstanding count; venturi's ten-minute service "
+            "time would take minutes to show it, the pool short and the queue growing "
+            "meanwhile: two ticks in which far fewer jobs finished than it expects are a new "
+            "service time, taken at once. p99 wait "
+            f"{fig('longer', 'venturi', 'wait_p99', '{:.1f}')} s (max "
+            f"{fig('longer', 'venturi', 'wait_max', '{:.1f}')} s) at "
+            f"{fig('longer', 'venturi', 'replica_seconds')} replica-seconds; without that "
+            f"reading ({NO_LAG}), {fig('longer', NO_LAG, 'wait_p99', '{:.1f}')} s (max "
+            f"{fig('longer', NO_LAG, 'wait_max', '{:.1f}')} s); KEDA, "
+            f"{fig('longer', KEDA[0], 'wait_p99', '{:.1f}')} s and "
+            f"{fig('longer', KEDA[1], 'wait_p99', '{:.1f}')} s at "
+            f"{fig('longer', KEDA[0], 'replica_seconds')} and "
+            f"{fig('longer', KEDA[1], 'replica_seconds')} replica-seconds (its two queries)."
         )
     if "idle" in summary:
         out.append(

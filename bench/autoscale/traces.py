@@ -171,6 +171,32 @@ def bursty(seed: int, duration: float = FULL_DURATION) -> Trace:
     )
 
 
+#: The longer trace: its arrival rate, and how many times as long its jobs run meanwhile.
+LONGER_RATE = 4.0
+LONGER_FACTOR = 4.0
+#: When its jobs run longer, as shares of the trace.
+LONGER_FROM, LONGER_UNTIL = 0.4, 0.7
+
+
+def longer(seed: int, duration: float = FULL_DURATION) -> Trace:
+    """4 jobs/s throughout; the jobs enqueued between 40 % and 70 % of the trace run four times
+    as long (a dependency slowing down): the work quadruples while the arrivals do not move."""
+    rng = random.Random(f"longer-{seed}")
+    inserts = [
+        Insert(i.at, tuple(s * LONGER_FACTOR for s in i.service))
+        if LONGER_FROM * duration <= i.at < LONGER_UNTIL * duration
+        else i
+        for i in _poisson(rng, lambda _t: LONGER_RATE, LONGER_RATE, duration)
+    ]
+    return Trace(
+        "longer",
+        "4 jobs/s; jobs 4x as long from 40 % to 70 % of the trace",
+        duration,
+        tuple(inserts),
+        static_size(LONGER_RATE * LONGER_FACTOR),
+    )
+
+
 def idle(seed: int, duration: float = FULL_DURATION) -> Trace:
     """An idle trickle: one job every 10 minutes on average (a pool that mostly sleeps)."""
     rng = random.Random(f"idle-{seed}")
@@ -189,6 +215,7 @@ TRACES: dict[str, Callable[[int, float], Trace]] = {
     "spike": spike,
     "diurnal": diurnal,
     "bursty": bursty,
+    "longer": longer,
     "idle": idle,
 }
 

@@ -17,11 +17,12 @@ PACKED = "venturi, packed placement"
 SHORT_HOLD = "venturi, 300 s hold only"
 LONG_HOLD = "venturi, 900 s hold always"
 NO_TREND = "venturi, no trend"
+NO_LAG = "venturi, longer jobs left to the average"
 NO_RETRY = "venturi, interval after a held-back scale-in"
 #: The scale-in without its fence (the operator before migration 18): victims picked from a
 #: read of the claims, with a moment between that read and the scale in which one may claim.
 UNFENCED = "venturi, unfenced scale-in"
-ABLATIONS = (NO_SPARE, PACKED, NO_RETRY, SHORT_HOLD, LONG_HOLD, NO_TREND, UNFENCED)
+ABLATIONS = (NO_SPARE, PACKED, NO_RETRY, SHORT_HOLD, LONG_HOLD, NO_TREND, NO_LAG, UNFENCED)
 #: The ablations repeated on the held-out seeds too (what they say about interruptions needs
 #: every seed).
 HELD_OUT_ABLATIONS = (UNFENCED,)
@@ -31,6 +32,8 @@ OVERRIDES: dict[str, dict[str, float]] = {
     LONG_HOLD: {"HOLD_SECONDS": 900.0, "BRIDGE_SECONDS": 900.0},
     # A slow average of the whole history: no trend.
     NO_TREND: {"TREND_SECONDS": 1e12},
+    # Never a lag: the service time only from the ten-minute average.
+    NO_LAG: {"LAG_SIGMAS": 1e12},
 }
 #: Clairvoyant bounds, for the traces with an arrival rate (the full run only).
 CLAIRVOYANT = "clairvoyant"

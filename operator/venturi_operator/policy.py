@@ -34,7 +34,13 @@ peak). The HPA-compatible ``behavior`` stays, as the user's explicit limits. In 
    of each other either way (batches a tick apart are likelier there than a new rate). A
    fall as far below it two ticks running (the end of a spike, a step down) is a new, lower
    rate, taken at once in both averages: read as a trend, a step down would extrapolate the
-   rate to nothing for minutes. A cleanup that lowers the totals skips that tick's sample.
+   rate to nothing for minutes. Jobs that got longer (a dependency slowing down) would take
+   the ten-minute service time minutes to show, the pool short meanwhile: far fewer jobs
+   finished than it expects (three standard deviations of the Poisson count below the busy
+   slot-seconds over ``S``) two ticks running is a new service time, the two ticks' own, taken
+   at once (from fewer than four jobs, at most four times the one before: a stuck pool that
+   finishes nothing must not read as endless jobs). Shorter jobs are left to the average: the
+   pool is big enough meanwhile. A cleanup that lowers the totals skips that tick's sample.
    The time from a scale-up to its pods being ready is observed too (``startup``, 30 s until
    seen).
 
@@ -207,6 +213,10 @@ MIN_SERVICE_SECONDS = 0.01
 #: (two ticks at one instant) would read a rate of infinity.
 MIN_RATE_SPAN = 1e-3
 SERVICE_EVIDENCE = 2.0
+#: A service time read from two ticks in which far fewer jobs finished than it expected is
+#: taken at once; from fewer than ``MIN_FINISHED`` jobs, at most this many times the one it
+#: replaces (a pool that finishes none at all, stuck, must not read as endless jobs).
+SERVICE_GROWTH = 4.0
 #: ... unless this many have been seen finish already.
 ENOUGH_FINISHED = 50
 #: A sample this many Poisson standard deviations above the arrival rate is a rise; a rise two
@@ -215,6 +225,9 @@ ENOUGH_FINISHED = 50
 RISE_SIGMAS = 3.0
 RISE_AGREE = 0.8
 RISE_GROWTH = 2.0
+#: This many Poisson standard deviations fewer jobs finished than the service time expects,
+#: two ticks running, is a longer service time (see ``SERVICE_GROWTH``).
+LAG_SIGMAS = 3.0
 #: Without ``behavior.scaleDown``: the stabilization window (the highest recommendation of
 #: these last seconds holds): none, or this for a pool whose bursts are bridged (below) ...
 DEFAULT_SCALE_DOWN_WINDOW_SECONDS = 0
@@ -490,6 +503,10 @@ class Sample:
     #: The same for a significant fall below the average (a fall two ticks running is a new,
     #: lower rate, taken at once), else None.
     fall: float | None = None
+    #: The slot-seconds held and the jobs finished this tick when far fewer finished than the
+    #: service time expects (the jobs got longer: two such ticks running are a new service
+    #: time, taken at once), else None.
+    lag: tuple[float, int] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -745,11 +762,27 @@ def _observe(history: History, load: PoolLoad, now: float, per_replica: int) -> 
     if rise is not None and last.rise is None and load.demand > per_replica:
         bursts = (*bursts, now)[-BURST_MEMORY:]
     fade = math.exp(-span / SERVICE_SECONDS)
-    held = history.held * fade + (load.claimed + last.claimed) / 2 * span
+    busy = (load.claimed + last.claimed) / 2 * span
+    held = history.held * fade + busy
     done = history.finished * fade + finished
+    # Jobs that got longer: the ten-minute average is mostly the short jobs before, and reads
+    # short for minutes while the queue grows. Far fewer finished than it expects (Poisson
+    # counts, as for arrivals) two ticks running is a new service time, that of the two ticks.
+    lag: tuple[float, int] | None = None
+    service = history.service_seconds
+    if service is not None:
+        expected = busy / service
+        if finished < expected - LAG_SIGMAS * math.sqrt(max(expected, 1.0)):
+            lag = (busy, finished)
+            if last.lag is not None:
+                count = finished + last.lag[1]
+                seen = (busy + last.lag[0]) / max(count, 1)
+                if count < MIN_FINISHED:
+                    seen = min(seen, SERVICE_GROWTH * service)  # too few to read it from
+                held = max(held, done * seen)
     return replace(
         history,
-        sample=replace(sample, rise=rise, fall=fall),
+        sample=replace(sample, rise=rise, fall=fall, lag=lag),
         arrived=total,
         arrival_span=seconds,
         arrived_slow=slow,

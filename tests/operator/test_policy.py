@@ -875,6 +875,54 @@ def test_no_service_time_before_jobs_have_been_seen_finish() -> None:
     assert history.service_seconds is None
 
 
+def _longer_jobs(
+    per_tick: Sequence[int], *, claimed: int = 8
+) -> tuple[list[float], list[Decision]]:
+    """A pool of one replica that ran 2 s jobs for ten minutes (2 jobs/s, 4 slots busy), whose
+    jobs now fill its 8 slots with 40 waiting, ``per_tick[i]`` finishing in tick i: the service
+    time it reads after each tick, and the decisions."""
+    spec = pool(target_per_replica=8, behavior=Behavior())
+    history, now, finished = steady(2.0, 2.0, spec=spec, current=1, ticks=40)
+    readings: list[float] = []
+    decisions: list[Decision] = []
+    for done in per_tick:
+        finished += done
+        decision = decide(
+            PoolLoad(pending=40, claimed=claimed, finished=finished), spec, history, now, current=1
+        )
+        history, now = decision.history, now + 15.0
+        assert history.service_seconds is not None
+        readings.append(history.service_seconds)
+        decisions.append(decision)
+    return readings, decisions
+
+
+def test_jobs_that_got_longer_are_read_from_two_ticks() -> None:
+    """Jobs that now run 20 s (a dependency slowing down): 6 finish a tick where the 2 s jobs
+    expected 45-60. The ten-minute average, mostly the short jobs before, read 2.2, 2.3, 2.5 s
+    ... (one replica kept while 40 jobs waited); two ticks as far below it are the two ticks'
+    own service time (the first straddles the change), and the pool grows at once."""
+    readings, decisions = _longer_jobs([6, 6, 6])
+    assert readings[0] == pytest.approx(2.0, rel=0.1)  # one tick alone: maybe noise
+    # Slot-seconds over the two ticks (6 then 8 busy on average) over the 12 jobs finished.
+    assert readings[1] == pytest.approx((6 * 15 + 8 * 15) / 12, rel=0.01)
+    assert readings[2] == pytest.approx(readings[1], rel=0.2)
+    assert decisions[0].replicas == 1
+    assert decisions[1].replicas >= 4, decisions[1].message
+
+
+def test_a_pool_that_finishes_nothing_reads_at_most_four_times_longer_jobs() -> None:
+    readings, _ = _longer_jobs([0, 0])
+    assert readings[1] == pytest.approx(4 * readings[0], rel=0.01)
+
+
+def test_a_tick_of_few_finishes_between_normal_ones_changes_nothing() -> None:
+    """One slow tick between ticks at the usual pace (a batch of long jobs, a pause): the
+    average takes it, nothing more."""
+    readings, _ = _longer_jobs([6, 30, 6], claimed=4)
+    assert all(r == pytest.approx(2.0, rel=0.25) for r in readings), readings
+
+
 def test_a_cleanup_that_lowers_the_totals_skips_that_sample() -> None:
     history, now, finished = steady(10.0, 9.0)
     after = decide(
