@@ -628,11 +628,20 @@ def test_04_missing_secret_is_reported_and_the_first_queue_keeps_working(
             {"prefix": "Bad-Prefix"},
             "spec.database.prefix in body should match '^[a-z][a-z0-9_]{0,38}$'",
         ),
-        ("e2e-bad-kinds", {"kinds_twice": True}, "a job kind may be served by at most one pool"),
+        (
+            "e2e-bad-kinds",
+            {"kinds_twice": True},
+            "two pools that name the same fields (kinds, queues, or both) may not serve",
+        ),
         (
             "e2e-bad-queues",
             {"kinds_twice": True, "queues": ["high", "default"]},
-            "a job kind may be served by at most one pool (in each queue",
+            "a kind (in a queue, when they name queues) or a queue (when they name no kinds)",
+        ),
+        (
+            "e2e-bad-queue-pools",
+            {"queues_twice": True, "queues": ["high", "default"]},
+            "or a queue (when they name no kinds) is named by one of them only",
         ),
         # The pools are a list-type map keyed by deployment, each pool's kinds a list-type set:
         # the API server itself refuses duplicates (spec.py refuses them too).
@@ -653,6 +662,7 @@ def test_05_invalid_jobqueue_is_rejected(
 ) -> None:
     change = dict(change)
     twice = change.pop("kinds_twice", False)
+    queues_twice = change.pop("queues_twice", False)
     deployment_twice = change.pop("deployment_twice", False)
     kinds = change.pop("kinds", ["e2e_a", "e2e_b"])
     queues = change.pop("queues", None)
@@ -661,6 +671,10 @@ def test_05_invalid_jobqueue_is_rejected(
         second = dict(obj["spec"]["pools"][0], deployment="e2e-worker-b", kinds=["e2e_b"])
         if queues is not None:  # the second pool shares one queue and one kind
             second["queues"] = queues[1:]
+        obj["spec"]["pools"].append(second)
+    if queues_twice:  # two pools of queues only, sharing one queue
+        del obj["spec"]["pools"][0]["kinds"]
+        second = dict(obj["spec"]["pools"][0], deployment="e2e-worker-b", queues=queues[1:])
         obj["spec"]["pools"].append(second)
     if deployment_twice:
         second = dict(obj["spec"]["pools"][0], kinds=["e2e_c"])

@@ -198,8 +198,11 @@ class Elector:
                         raise LeadershipLost(f"{self.where} is held by {self.holder} now")
                     # Still ours, written by someone else meanwhile (a label, say): again.
                     failure = f"{self.where} changed as it was renewed"
-                except (KubeError, TimeoutError) as exc:
+                except KubeError as exc:
                     failure = f"could not renew {self.where} ({exc})"
+                except TimeoutError:
+                    # Cut off at the deadline: the API server did not answer in time.
+                    failure = f"could not renew {self.where} (no answer within {left:.1f}s)"
                 if self._clock() - renewed >= self._renew_deadline:
                     self._lost = True
                     raise LeadershipLost(

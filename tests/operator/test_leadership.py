@@ -147,6 +147,29 @@ async def test_a_leader_that_cannot_renew_stops_leading_within_the_deadline(
     assert holder(kube) == "a"  # unrenewed: another takes it once it expires
 
 
+async def test_a_renewal_the_api_server_does_not_answer_is_named_as_such(
+    kube: KubeHarness, api: Kube, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Cut off at the renew deadline, a renewal said why: "could not renew ... ()", the empty
+    text of a TimeoutError."""
+    clock = Clock()
+    a = elector(api, "a", clock)
+    assert await a.acquire(asyncio.Event())
+    unanswered = asyncio.Event()
+
+    async def hanging(*args: Any, **kwargs: Any) -> None:
+        unanswered.set()
+        await asyncio.Event().wait()  # an API server that never answers
+
+    monkeypatch.setattr(api, "write_lease", hanging)
+    clock.now += 9.9  # 0.1 s of the renew deadline left
+    holding = asyncio.create_task(a.hold(asyncio.Event()))
+    await asyncio.wait_for(unanswered.wait(), 10)
+    clock.now += 0.1  # and then none
+    with pytest.raises(LeadershipLost, match=r"could not renew .* \(no answer within 0\.1s\)"):
+        await asyncio.wait_for(holding, 10)
+
+
 async def test_a_leader_that_lost_the_lease_stops_what_it_runs(
     kube: KubeHarness, api: Kube
 ) -> None:

@@ -839,9 +839,11 @@ CEL_EXAMPLES = {
     "at most one pool may omit both kinds and queues (the catch-all pool)": no_catch_all_filter(
         FULL, 0
     ),
-    "a job kind may be served by at most one pool (in each queue, when pools name queues)": (
-        second_pool_like_the_first(["send_email"])
-    ),
+    (
+        "two pools that name the same fields (kinds, queues, or both) may not serve the same "
+        "job: a kind (in a queue, when they name queues) or a queue (when they name no kinds) "
+        "is named by one of them only"
+    ): second_pool_like_the_first(["send_email"]),
 }
 
 
