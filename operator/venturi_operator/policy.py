@@ -203,8 +203,15 @@ TREND_SECONDS = 180.0
 SERVICE_SECONDS = 600.0
 STARTUP_WEIGHT = 0.3
 #: Jobs that must have finished (fading count) before a service time is believed, and how many
-#: times the claimed jobs that count must be.
+#: times the claimed jobs that count must be ...
 MIN_FINISHED = 4.0
+SERVICE_EVIDENCE = 2.0
+#: ... unless this many have been seen finish already.
+ENOUGH_FINISHED = 50
+#: A service time read from two ticks in which far fewer jobs finished than it expected is
+#: taken at once; from fewer than ``MIN_FINISHED`` jobs, at most this many times the one it
+#: replaces (a pool that finishes none at all, stuck, must not read as endless jobs).
+SERVICE_GROWTH = 4.0
 #: The shortest service time the policy takes (seconds): the held time is sampled at ticks, so
 #: jobs that start and finish between two ticks add none, and a pool of such jobs reads 0 (a
 #: slot of it would serve jobs without end).
@@ -212,13 +219,6 @@ MIN_SERVICE_SECONDS = 0.01
 #: Seconds of arrivals observed before a rate is read from them: a span of next to nothing
 #: (two ticks at one instant) would read a rate of infinity.
 MIN_RATE_SPAN = 1e-3
-SERVICE_EVIDENCE = 2.0
-#: A service time read from two ticks in which far fewer jobs finished than it expected is
-#: taken at once; from fewer than ``MIN_FINISHED`` jobs, at most this many times the one it
-#: replaces (a pool that finishes none at all, stuck, must not read as endless jobs).
-SERVICE_GROWTH = 4.0
-#: ... unless this many have been seen finish already.
-ENOUGH_FINISHED = 50
 #: A sample this many Poisson standard deviations above the arrival rate is a rise; a rise two
 #: ticks running, the second at least RISE_AGREE of the first, is a new rate, at most
 #: RISE_GROWTH times the first tick's. As many below it is a fall; two running, a new rate.
