@@ -35,8 +35,14 @@ class _Counts:
 _COUNTED = ("claimed", "completed", "dead", "done", "failed")
 
 
-def _add(counts: dict[str, int], kind: str, n: int) -> None:
-    counts[kind] = counts.get(kind, 0) + n
+_Columns = tuple[tuple[str, dict[str, int], dict[str, int]], ...]
+
+
+def _columns(c: _Counts, totals: _Counts) -> _Columns:
+    """Each plain count's column with the queue's dict and the totals' dict it fills: looked
+    up once per queue, not once per row (a row is read per queue and kind: 100 at 5 queues
+    and 20 kinds, and stats() is called often)."""
+    return tuple((column, getattr(c, column), getattr(totals, column)) for column in _COUNTED)
 
 
 def stats_from_rows(rows: Iterable[Row]) -> Stats:
@@ -49,35 +55,41 @@ def stats_from_rows(rows: Iterable[Row]) -> Stats:
     by_queue: dict[str, _Counts] = {}
     paused: set[str] = set()
     totals = _Counts()
+    seen: dict[str, tuple[_Counts, _Columns]] = {}
     for r in rows:
         name = r["queue"]
         if r["paused"]:
             paused.add(name)
             continue
         kind = r["kind"]
-        c = by_queue.get(name) or _Counts()
+        found = seen.get(name)
+        if found is None:
+            counts = _Counts()
+            found = seen[name] = (counts, _columns(counts, totals))
+        c, columns = found
         shown = False
         pending = r["pending"] or 0
         if pending > 0:
             shown = True
             scheduled = r["scheduled"] or 0
             if pending > scheduled:
-                c.pending[kind] = pending - scheduled
-                _add(totals.pending, kind, pending - scheduled)
+                eligible = c.pending[kind] = pending - scheduled
+                totals.pending[kind] = totals.pending.get(kind, 0) + eligible
             if scheduled:
                 c.scheduled[kind] = scheduled
-                _add(totals.scheduled, kind, scheduled)
+                totals.scheduled[kind] = totals.scheduled.get(kind, 0) + scheduled
             oldest = r["oldest_s"]
             if oldest is not None:
                 # The database clock can be a hair behind a job's run_at: never negative.
-                oldest = c.oldest[kind] = max(0.0, oldest)
-                totals.oldest[kind] = max(oldest, totals.oldest.get(kind, oldest))
-        for column in _COUNTED:
-            n = r[column] or 0  # NULL: none of that status
-            if n > 0:
+                oldest = c.oldest[kind] = oldest if oldest > 0.0 else 0.0
+                if oldest >= totals.oldest.get(kind, 0.0):
+                    totals.oldest[kind] = oldest
+        for column, mine, total in columns:
+            n = r[column]
+            if n is not None and n > 0:  # NULL: none of that status
                 shown = True
-                getattr(c, column)[kind] = n
-                _add(getattr(totals, column), kind, n)
+                mine[kind] = n
+                total[kind] = total.get(kind, 0) + n
         if shown:  # a queue whose counts are all 0 is not shown
             by_queue[name] = c
     queues = {
