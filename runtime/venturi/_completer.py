@@ -18,10 +18,11 @@ Called by the worker's executor; calls `PostgresStore.settle`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 
 from venturi import logs
 from venturi._db.failures import (
@@ -83,6 +84,9 @@ class Completer:
         self._room.set()
         self._closing = False
         self._give_up_at: float | None = None
+        # The bound of the statement being sent (none until `close()`): `close()` sets it on a
+        # statement already waiting, for a lock or a lost server, as on the ones after it.
+        self._bound: asyncio.Timeout | None = None
         self._closed = False
 
     @property
@@ -159,8 +163,22 @@ class Completer:
         loop = asyncio.get_running_loop()
         self._give_up_at = max(until or 0.0, loop.time() + CLOSING_AT_LEAST)
         self._closing = True
+        if self._bound is not None:
+            self._bound.reschedule(self._give_up_at)
         self._has_items.set()
         await self._drained.wait()
+
+    @contextlib.asynccontextmanager
+    async def _bounded(self) -> AsyncIterator[None]:
+        """A statement's time: unbounded until `close()`, then until `_give_up_at` -- also
+        for a statement sent before and still waiting then. Whether such a statement commits
+        or not, its jobs are safe (written, or recovered at the end of their leases)."""
+        async with asyncio.timeout_at(self._give_up_at if self._closing else None) as bound:
+            self._bound = bound
+            try:
+                yield
+            finally:
+                self._bound = None
 
     async def _write(self, batch: list[Settlement]) -> None:
         """Write `batch`; when its data is refused, split it to write every good row."""
@@ -234,20 +252,12 @@ class Completer:
         loop = asyncio.get_running_loop()
         unsure = False  # an attempt failed after sending: it may have committed
         while True:
-            give_up_at = self._give_up_at if self._closing else None
             epoch = self._outage.epoch
             try:
-                if give_up_at is None:
+                async with self._bounded():
                     owned = await self._store.settle(
                         batch, worker=self._worker, hook_lease_s=self._hook_lease_s
                     )
-                else:
-                    # Closing: a statement waiting (for a lock, a lost server) is bounded too;
-                    # whether it commits or not, the jobs are safe (written, or recovered).
-                    async with asyncio.timeout_at(give_up_at):
-                        owned = await self._store.settle(
-                            batch, worker=self._worker, hook_lease_s=self._hook_lease_s
-                        )
             except Exception as exc:
                 if is_refused_data(exc):
                     raise _Refused(exc) from exc
@@ -256,6 +266,7 @@ class Completer:
                 self._outage.failed(f"settling {len(batch)} jobs", exc)
                 unsure = True
                 delay = next_delay(delay)
+                give_up_at = self._give_up_at if self._closing else None
                 if give_up_at is not None and loop.time() + delay / 2 >= give_up_at:
                     logger.error(
                         "shutdown: could not settle %d jobs (%s) by the end of the shutdown "
@@ -277,7 +288,8 @@ class Completer:
         was lost): theirs, not lost to another worker. Asked once; an answer the database
         cannot give leaves them reported lost (the outcome is in the journal either way)."""
         try:
-            return await self._store.written_by(batch, worker=self._worker)
+            async with self._bounded():
+                return await self._store.written_by(batch, worker=self._worker)
         except Exception as exc:
             if not is_database_failure(exc):
                 raise

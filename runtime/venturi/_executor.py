@@ -224,6 +224,7 @@ class _Deadline:
 
     def _fire(self) -> None:
         self.fired_at = self._loop.time()
+        self._cancellation.timed_out = True
         self._cancellation.request(CancelReason.TIMEOUT)
         if self._task is not None:
             self._task.cancel()

@@ -122,6 +122,11 @@ class Producer:
         self.claimed = 0
         self.wake = asyncio.Event()
         self.stopping = False
+        self._claiming = False
+        """The loop is claiming (or reconciling before a claim): cut off, it may commit."""
+        self._stop = asyncio.Event()
+        """Set by `stop()`: ends every wait of the loop (a full worker's wait for a freed slot
+        too, which a notification must not end)."""
         self._pauses_stale = True
         """The pauses of our queues may have changed: re-read when the next one ends."""
         self._resume_at: float | None = None
@@ -172,11 +177,13 @@ class Producer:
             self.wake.clear()
             if claimable:
                 epoch = self._outage.epoch
+                self._claiming = True
                 try:
                     if self._unsure:
                         await self._reconcile()
                     claimed, exhausted = await self._claim(kinds, want)
                 except Exception as exc:
+                    self._claiming = False
                     if not is_database_failure(exc):
                         raise
                     # The claim may have committed with its reply lost: reconcile first.
@@ -185,6 +192,7 @@ class Producer:
                     retry_delay = next_delay(retry_delay)
                     await self._outage.wait(retry_delay)
                     continue
+                self._claiming = False
                 self._outage.ok(epoch)
                 retry_delay = 0.0
                 if claimed:
@@ -232,7 +240,9 @@ class Producer:
             # With a run limit, a finished job may be what ends the run: look again then,
             # also when it finished during this round's reads (the runner is idle now, and
             # `slot_freed`, cleared at the round's start, is set: the wait ends at once).
-            waiters = [asyncio.ensure_future(self.wake.wait())] if claimable else []
+            waiters = [asyncio.ensure_future(self._stop.wait())]
+            if claimable:
+                waiters.append(asyncio.ensure_future(self.wake.wait()))
             full = runner.free <= 0
             capped = any(at_cap(k, self._caps, runner.running_by_kind) for k in kinds_all)
             if not claimable or full or capped or self._limits.any:
@@ -271,6 +281,10 @@ class Producer:
         loop = asyncio.get_running_loop()
         for group_kinds, group_limit in groups:
             room = min(group_limit, limit - len(claimed_all))
+            if group_kinds is not None and self._caps.get(group_kinds[0]) is not None:
+                # A capped kind is never claimed ahead: its room is the slots still free
+                # now, after the jobs of this round's earlier requests took theirs.
+                room = min(room, runner.free - len(runner.buffer))
             if room <= 0:
                 exhausted = False  # not looked at
                 continue
@@ -380,12 +394,13 @@ class Producer:
         lost server), or after a claim whose reply was lost, what the database says this
         worker holds and it does not is handed back (best effort: the database may be away)."""
         self.stopping = True
-        self.wake.set()
+        self._stop.set()
         if not loop_task.done():
             await asyncio.wait({loop_task}, timeout=CLAIM_STOP_WAIT)
         if not loop_task.done():
             loop_task.cancel()
-            self._unsure = True
+            if self._claiming:
+                self._unsure = True  # the claim cut off may have committed
         await asyncio.gather(loop_task, return_exceptions=True)
         if not self._unsure:
             return

@@ -46,6 +46,9 @@ after the cancellation's notice (a claim that committed before the cancellation)
 ABANDON_AFTER = 1.0
 """Seconds a handler gets to stop once its task is cancelled at shutdown; one that ignores
 the cancellation is then abandoned (its job released) so that shutdown ends."""
+SKIP_WAIT = 2.0
+"""Seconds a shutdown waits for the skips of a cancelled batch's members in flight (one
+statement each) before it cuts them off and hands their members back."""
 
 
 def _ewma(previous: float | None, sample: float, alpha: float = 0.2) -> float:
@@ -135,6 +138,11 @@ class Runner:
         self.idle.set()
         self.stopping = False
         self._abandoned: list[asyncio.Task[None]] = []
+        self.release_abandoned = False
+        """Whether the jobs of handlers given up on at shutdown are settled (released, or
+        failed past their timeout): only when the process ends with `run()` (`venturi
+        worker`), which ends those handlers too. Otherwise they may run on in this process,
+        and their jobs stay claimed until their leases end: never run elsewhere beside them."""
 
     @property
     def free(self) -> int:
@@ -356,12 +364,14 @@ class Runner:
                     [h.job.claim_token for h in live],
                     [h.job.batch_id for h in live if h.job.batch_id is not None],
                 )
-        except Exception as exc:
+        except (Exception, asyncio.CancelledError) as exc:
             # It may have committed with its reply lost: hand them back unrun (a hand-back
             # of a member it cancelled is dropped by its claim token); a claim takes the
-            # others again, and asks again.
+            # others again, and asks again. Cancelled: cut off by `drain` at shutdown.
             failed = True
-            if is_database_failure(exc):
+            if isinstance(exc, asyncio.CancelledError):
+                logger.warning("shutdown: skipping members of a cancelled batch took too long")
+            elif is_database_failure(exc):
                 logger.warning("could not skip members of a cancelled batch: %s", describe(exc))
             else:
                 logger.exception("could not skip members of a cancelled batch")
@@ -409,15 +419,23 @@ class Runner:
         """Hand back prefetched jobs, ask running ones to wind down, wait up to the grace
         period, abort and release stragglers, and give up on handlers that ignore even that."""
         self.stopping = True
-        while self._skips:  # (no new one starts now: `_skip` hands members back)
-            await asyncio.gather(*self._skips, return_exceptions=True)
+        if self._skips:  # (no new one starts now: `_skip` hands members back)
+            # One statement each, normally quick; through an outage or behind a lock, cut
+            # off: its members are handed back unrun (a member it did skip keeps its outcome:
+            # the hand-back's claim token no longer matches).
+            _, late = await asyncio.wait(self._skips, timeout=SKIP_WAIT)
+            for task in late:
+                task.cancel()
+            await asyncio.gather(*late, return_exceptions=True)
         waiting = [*self.successors.values()]
         self.successors.clear()
         while self.buffer:
             waiting.append(self.buffer.popleft())
         for h in waiting:
             if not h.lost:
-                await self._completer.settle(Settlement.of(h.job, "returned"))
+                # Past the buffer's bound if need be: nothing else grows it now, and waiting
+                # for room through an outage would hold the shutdown until it ends.
+                self._completer.settle_nowait(Settlement.of(h.job, "returned"))
         if not self.running:
             return
         logger.info("shutdown: %d jobs running, asking them to wind down", len(self.running))
@@ -441,23 +459,36 @@ class Runner:
                     self._abandon(h)
 
     def _abandon(self, held: Held) -> None:
-        """Release the job of a handler that ignores cancellation, and stop waiting for it."""
+        """Stop waiting for a handler that ignores cancellation; settle its job only if the
+        process ends with `run()` (see `release_abandoned`)."""
         job = held.job
+        self._forget(held)
+        if held.task is not None:
+            self._abandoned.append(held.task)
+        if not self.release_abandoned:
+            logger.error(
+                "shutdown: job %s (%s): the handler ignored cancellation for %.0fs; given up "
+                "on, its job left claimed: the handler may still be running in this process, "
+                "so the job is recovered when its lease ends, not run elsewhere beside it",
+                logs.ShownId(job.id),
+                job.kind,
+                ABANDON_AFTER,
+                extra=logs.job_fields(job.id, job.kind, job.queue, job.run_count),
+            )
+            return
         logger.error(
             "shutdown: job %s (%s): the handler ignored cancellation for %.0fs; released "
-            "without it (the handler may still be running in this process)",
+            "without it (the process ends with the worker, and the handler with it)",
             logs.ShownId(job.id),
             job.kind,
             ABANDON_AFTER,
             extra=logs.job_fields(job.id, job.kind, job.queue, job.run_count),
         )
-        self._forget(held)
-        if held.task is not None:
-            self._abandoned.append(held.task)
         # Buffered synchronously: the completer's close() flushes it. A run past its timeout
-        # before the shutdown is a failed execution, as it would have been without one: a
-        # release would never count it as an attempt (redeployed often, never dead).
-        if held.cancellation.reason is CancelReason.TIMEOUT:
+        # (before the shutdown or during its grace period) is a failed execution, as it would
+        # have been had it exited: a release would never count it as an attempt (redeployed
+        # often, never dead).
+        if held.cancellation.timed_out:
             settlement = abandoned_after_timeout(job, self._policy)
         else:
             settlement = Settlement.of(

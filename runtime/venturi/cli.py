@@ -280,7 +280,7 @@ def _parser() -> argparse.ArgumentParser:
     )
     worker.add_argument("--max-jobs", type=positive_int, help="exit after this many jobs")
     worker.add_argument(
-        "--max-time", type=parse_duration, help="shut down gracefully after this long (90s, 1h)"
+        "--max-time", type=positive_duration, help="shut down gracefully after this long (90s, 1h)"
     )
     worker.add_argument(
         "--loop",
@@ -859,6 +859,9 @@ async def _worker(args: argparse.Namespace, store: PostgresStore, waiting: _Wait
         await store.check_schema()
 
     await waiting.run("starting", check)  # before saying "serving" (run() checks again)
+    # This process ends with run() (below), and a handler given up on with it: its job can
+    # be released at once instead of left to its lease.
+    built._exits_with_run = True
     shutdown = waiting.stop  # SIGTERM and SIGINT, since the process started
     # Every task the worker starts inherits the field: each of its records names it.
     with logs.bound({"worker": str(built.identity)}):
@@ -872,7 +875,8 @@ async def _worker(args: argparse.Namespace, store: PostgresStore, waiting: _Wait
         )
         if built.abandoned:
             # Their jobs were released; waiting for handlers that ignore cancellation would
-            # keep the process alive forever (asyncio.run awaits every task it cancels).
+            # keep the process alive forever (asyncio.run awaits every task it cancels), and
+            # they must end before another worker runs their jobs.
             logger.warning("exiting without %d handlers that ignored cancellation", built.abandoned)
             sys.stdout.flush()
             sys.stderr.flush()

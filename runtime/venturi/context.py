@@ -64,7 +64,7 @@ class Cancellation:
     `Context` (which reads it). `forced` is set when the worker also cancels the handler's
     task: the executor then releases the job with `note`, instead of failing the run."""
 
-    __slots__ = ("_event", "forced", "note", "reason")
+    __slots__ = ("_event", "forced", "note", "reason", "timed_out")
 
     def __init__(self) -> None:
         # Made when a run first waits for it: most runs never do, and an Event per job was
@@ -74,6 +74,8 @@ class Cancellation:
         """Why the run was asked to wind down (None: it was not)."""
         self.forced = False
         self.note: str | None = None
+        self.timed_out = False
+        """Whether the run's timeout passed (also after another reason came first)."""
 
     @property
     def event(self) -> asyncio.Event:

@@ -801,12 +801,17 @@ class Queue:
         before: datetime | None = None,
     ) -> int:
         """Delete the failed jobs of `kind` and `queue` (None: any) that failed before
-        `before` (timezone-aware; None: all), with their journal; returns how many."""
+        `before` (timezone-aware; None: all), with their journal; returns how many. A queue
+        nothing names is a ValueError, as for `retry_all` (most likely a typo)."""
         if before is not None and (not isinstance(before, datetime) or before.tzinfo is None):
             raise ValueError(f"flush(before=): expected a timezone-aware datetime, got {before!r}")
-        return await self.store.flush_failed(
-            queue=_queue_filter(queue), kind=_kind_filter(kind), before=before
-        )
+        name = _queue_filter(queue)
+        n = await self.store.flush_failed(queue=name, kind=_kind_filter(kind), before=before)
+        if n == 0 and name is not None and not await self.store.queue_known(name):
+            raise ValueError(
+                f"flush(queue={name!r}): unknown queue (no job, pause or worker names it)"
+            )
+        return n
 
     async def pending(self) -> int:
         """Jobs waiting (due now or later) or running, in every queue of this store."""

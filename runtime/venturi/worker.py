@@ -224,6 +224,9 @@ class Worker(Generic[AppT]):
         self._settled: Counter[str] = Counter()
         self._runner: Runner | None = None
         self._producer: Producer | None = None
+        # Set by `venturi worker`, whose process ends with `run()` (see Runner's
+        # `release_abandoned`): the jobs of handlers given up on are then settled at once.
+        self._exits_with_run = False
         self._listens = True
         """Whether this worker LISTENs (else it polls, and wakes itself for its own writes)."""
         self._rescuer: Rescuer | None = None
@@ -302,9 +305,10 @@ class Worker(Generic[AppT]):
 
     @property
     def abandoned(self) -> int:
-        """Handlers given up on at shutdown because they ignored cancellation (their jobs
-        were released). They may still run: a process should exit without awaiting them
-        (`asyncio.run` would wait for them forever); `venturi worker` does."""
+        """Handlers given up on at shutdown because they ignored cancellation. They may
+        still run, so their jobs stay claimed until their leases end (never run elsewhere
+        beside them); a process should exit without awaiting them (`asyncio.run` would wait
+        for them forever). `venturi worker` does, and releases their jobs as it ends."""
         return self._runner.abandoned if self._runner is not None else 0
 
     # -- running ---------------------------------------------------------------------
@@ -396,6 +400,7 @@ class Worker(Generic[AppT]):
             completer=completer,
             hooks=self.hooks,
         )
+        runner.release_abandoned = self._exits_with_run
         producer = self._producer = Producer(
             self.store,
             runner,

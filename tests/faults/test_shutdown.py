@@ -6,9 +6,11 @@ finishes, and the process exits 0 soon after the grace period."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
@@ -16,7 +18,7 @@ import asyncpg
 import pytest
 
 from tests.runtime.helpers import running, until
-from venturi import JobStatus, PostgresStore, Queue, Worker
+from venturi import Context, JobStatus, Outcome, PostgresStore, Queue, Task, Worker
 
 from .harness import FIGURES, HeldRuns, fleet, read_runs, wait_until
 from .worker import Checkpoint, Stubborn, Swallower, Work
@@ -160,3 +162,116 @@ async def test_a_claim_behind_a_table_lock_at_shutdown_is_cancelled_not_left_to_
     for job_id in ids:
         job = await queue.job(job_id)
         assert job is not None and job.status is JobStatus.PENDING and job.run_count == 0
+
+
+async def test_a_settle_already_waiting_for_a_row_lock_at_shutdown_is_bounded_too(
+    store: PostgresStore, pg_dsn: str
+) -> None:
+    """A run ended before the stop, and its settle was sent and waits for a row lock another
+    session holds: the bound the shutdown sets applies to that statement too (it applied
+    only to statements sent after the stop, and the worker waited for the lock, unbounded)."""
+    work = HeldRuns(1)
+    (job_id,) = await Queue(store).enqueue_many([Work(0, 0)])
+    worker: Worker[None] = Worker(None, store, concurrency=1, shutdown_timeout=1)
+    worker.register(Work, work)
+    shutdown = asyncio.Event()
+    running_worker = asyncio.create_task(worker.run(shutdown))
+    locker = await asyncpg.connect(pg_dsn)
+    waiting_sql = (
+        "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+        f"AND query LIKE '%{store.prefix}_jobs%'"
+    )
+    try:
+        await asyncio.wait_for(work.all_started.wait(), 30)
+        tx = locker.transaction()
+        await tx.start()
+        await locker.execute(
+            f"SELECT 1 FROM {store.prefix}_jobs WHERE id = $1 FOR UPDATE", job_id.to_uuid()
+        )
+        work.release.set()  # the run ends; its settle waits for the row
+
+        async def a_settle_waits() -> bool:
+            return bool(await store._pool_or_raise().fetchval(waiting_sql))
+
+        await until(a_settle_waits)
+        shutdown.set()
+        # Ends while the lock is still held (it is released only below).
+        await asyncio.wait_for(running_worker, 30)
+        await tx.rollback()
+    finally:
+        await locker.close()
+    job = await Queue(store).job(job_id)
+    assert job is not None and job.status is JobStatus.CLAIMED  # for lease recovery
+
+
+async def test_a_full_worker_tells_its_handlers_of_the_stop_at_once(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every slot taken, the claim loop waits for a freed slot, which a notification must not
+    end: the stop did not end it either. The shutdown waited for the loop as for a claim in
+    flight (2 s), cancelled it, checked for a claim that might have committed, and only then
+    told the handlers. Here that wait is made an hour long: the stop must not need it."""
+    monkeypatch.setattr("venturi._producer.CLAIM_STOP_WAIT", 3600.0)
+    queue = Queue(store)
+    started = asyncio.Event()
+
+    async def handle(task: Work, ctx: Context[None], app: None) -> Outcome:
+        started.set()
+        await ctx.cancelled()  # winds down when told
+        return Outcome.completed("wound down")
+
+    job_id = await queue.enqueue(Work(0, 0))
+    worker: Worker[None] = Worker(None, store, concurrency=1, shutdown_timeout=600)
+    worker.register(Work, handle)
+    shutdown = asyncio.Event()
+    running_worker = asyncio.create_task(worker.run(shutdown))
+    await asyncio.wait_for(started.wait(), 30)
+    shutdown.set()
+    await asyncio.wait_for(running_worker, 30)
+    assert [e.note for e in await queue.job_journal(job_id)] == ["wound down"]
+
+
+@dataclass
+class Overstays(Task):
+    """Ignores every cancellation, its timeout's too, until the test lets it end."""
+
+    KIND = "overstays"
+    n: int
+
+    def timeout(self) -> float:
+        return 1.0
+
+
+async def test_a_run_whose_timeout_passes_in_the_grace_period_and_is_abandoned_fails(
+    store: PostgresStore,
+) -> None:
+    """The stop came first, the run's timeout during the grace period, and the handler
+    ignored both: given up on, it was released (the first reason asked was the shutdown),
+    where the same run ended after its timeout is a failed execution; under rolling deploys
+    such a job never used an attempt."""
+    queue = Queue(store)
+    started, done = asyncio.Event(), asyncio.Event()
+
+    async def handle(task: Overstays, ctx: Context[None], app: None) -> Outcome:
+        started.set()
+        while not done.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await done.wait()
+        return Outcome.completed()
+
+    job_id = await queue.enqueue(Overstays(0))
+    worker: Worker[None] = Worker(None, store, concurrency=1, shutdown_timeout=3)
+    worker._exits_with_run = True  # as `venturi worker`: the job is settled, not left claimed
+    worker.register(Overstays, handle)
+    shutdown = asyncio.Event()
+    running_worker = asyncio.create_task(worker.run(shutdown))
+    await asyncio.wait_for(started.wait(), 30)
+    shutdown.set()  # before the 1 s timeout, which then passes within the 3 s grace period
+    try:
+        await asyncio.wait_for(running_worker, 30)
+    finally:
+        done.set()
+    journal = await queue.job_journal(job_id)
+    assert [e.outcome for e in journal] == ["failed"], journal
+    job = await queue.job(job_id)
+    assert job is not None and job.failures == 1

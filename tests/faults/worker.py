@@ -206,6 +206,7 @@ async def main(argv: list[str]) -> int:
         worker.register(Stubborn, stubborn)
         worker.register(Swallower, swallower)
         worker.register(Doomed, doomed)
+        worker._exits_with_run = True  # as `venturi worker`: the process ends with run()
         run = asyncio.create_task(worker.run(shutdown))
         ready = asyncio.create_task(worker.ready.wait())
         done, _ = await asyncio.wait({run, ready}, return_when=asyncio.FIRST_COMPLETED)

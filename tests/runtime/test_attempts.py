@@ -272,6 +272,7 @@ async def test_a_run_past_its_timeout_then_stopped_by_a_shutdown_counts_as_faile
         return Outcome.completed()
 
     worker = Worker(None, queue.store, concurrency=1, shutdown_timeout=0.2)
+    worker._exits_with_run = True  # as `venturi worker`: the job is settled, not left claimed
     worker.register(Stubborn, stubborn)
     job_id = await queue.enqueue(Stubborn())
     try:

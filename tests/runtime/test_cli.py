@@ -549,6 +549,7 @@ def test_bad_flags_are_named_before_anything_connects() -> None:
             ["worker", "m:f", "--max-time", "150"],
             "argument --max-time: expected a duration with its unit, like 90s",
         ),
+        (["worker", "m:f", "--max-time", "0s"], "argument --max-time: expected a duration longer"),
     ]
     for args, message in cases:
         run = venturi(*args, dsn=dsn)

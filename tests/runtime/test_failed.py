@@ -316,3 +316,15 @@ async def test_retry_and_retry_all_journal_the_note_given_and_retry_all_stops_at
         await queue.retry_all(note=123)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="limit="):
         await queue.retry_all(limit=0)
+
+
+async def test_flush_of_a_queue_nothing_names_is_refused_as_a_typo(
+    store: PostgresStore, queue: Queue
+) -> None:
+    """As `retry_all`: a flush deletes, and a typo in its queue said "deleted 0"."""
+    (a,) = await fail(store, Charge(1, "x"))
+    with pytest.raises(ValueError, match=r"flush\(queue='defualt'\): unknown queue"):
+        await queue.flush(queue="defualt")
+    assert [f.id for f in await queue.failed()] == [a]  # nothing changed
+    assert await queue.flush(queue="default", kind="ship") == 0  # known: no error
+    assert await queue.flush(queue="default") == 1

@@ -8,6 +8,7 @@ LISTEN loss)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import logging
 import uuid
@@ -431,6 +432,9 @@ async def test_keyboard_interrupt_or_system_exit_fails_the_run_not_the_worker(
 async def test_a_handler_that_swallows_cancellation_does_not_hang_shutdown(
     queue: Queue,
 ) -> None:
+    """Given up on, the handler may go on running in this process (which runs on after
+    `run()`): its job stays claimed until its lease ends, never released to run elsewhere
+    beside it (it was released, and a second worker ran it while the first run went on)."""
     started = asyncio.Event()
     give_up = asyncio.Event()  # the test's own way out, so the handler ends with the test
 
@@ -452,9 +456,9 @@ async def test_a_handler_that_swallows_cancellation_does_not_hang_shutdown(
     shutdown.set()
     await asyncio.wait_for(run, 10)  # returns; the handler lives on, abandoned
     assert worker.abandoned == 1
-    (entry,) = await queue.job_journal(job_id)
-    assert entry.outcome is JournalOutcome.RELEASED
-    assert entry.note is not None and "ignored cancellation" in entry.note
+    assert await queue.job_journal(job_id) == []
+    job = await queue.job(job_id)
+    assert job is not None and job.status is JobStatus.CLAIMED  # until its lease ends
     give_up.set()
 
     async def handler_gone() -> bool:
@@ -462,7 +466,41 @@ async def test_a_handler_that_swallows_cancellation_does_not_hang_shutdown(
 
     await until(handler_gone)
     job = await queue.job(job_id)
-    assert job is not None and job.status is JobStatus.PENDING  # its late result is not kept
+    assert job is not None and job.status is JobStatus.CLAIMED  # its late result is not kept
+    assert await queue.job_journal(job_id) == []
+
+
+async def test_a_worker_whose_process_ends_with_it_releases_an_abandoned_handlers_job(
+    queue: Queue,
+) -> None:
+    """`venturi worker` ends its process when `run()` returns, and the handler with it: the
+    job is released at once, not left to its lease."""
+    started, give_up = asyncio.Event(), asyncio.Event()
+
+    async def swallow(task: Ping, ctx: Context[None], app: None) -> Outcome:
+        started.set()
+        while not give_up.is_set():
+            with contextlib.suppress(asyncio.CancelledError):
+                await give_up.wait()
+        return Outcome.completed()
+
+    worker = Worker(None, queue.store, concurrency=1, shutdown_timeout=0.2)
+    worker._exits_with_run = True  # as `venturi worker` sets it
+    worker.register(Ping, swallow)
+    job_id = await queue.enqueue(Ping())
+    shutdown = asyncio.Event()
+    run = asyncio.create_task(worker.run(shutdown))
+    try:
+        await asyncio.wait_for(started.wait(), 10)
+        shutdown.set()
+        await asyncio.wait_for(run, 10)
+    finally:
+        give_up.set()
+    (entry,) = await queue.job_journal(job_id)
+    assert entry.outcome is JournalOutcome.RELEASED
+    assert entry.note is not None and "ignored cancellation" in entry.note
+    job = await queue.job(job_id)
+    assert job is not None and job.status is JobStatus.PENDING
 
 
 async def test_a_pool_too_small_for_a_worker_is_refused(pg_dsn: str, prefix: str) -> None:

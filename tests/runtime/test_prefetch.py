@@ -180,3 +180,61 @@ async def test_a_claimed_job_starts_before_the_claim_loop_reads_again(
             await done.wait()
             await looked.wait()
     assert events[events.index("claimed 1") + 1] == "started", events
+
+
+@dataclass
+class CappedA(Task):
+    KIND = "capped_a"
+    n: int
+
+
+@dataclass
+class CappedB(Task):
+    KIND = "capped_b"
+    n: int
+
+
+async def test_a_capped_kind_is_never_claimed_ahead_of_a_free_slot(
+    queue: Queue, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each capped kind's request of a round was sized from the slots free when the round
+    began: an earlier request's job took the one slot, and the next capped kind's job was
+    claimed anyway, to wait idle in the prefetch buffer (claimed, so no other worker could
+    run it) behind whatever ran. Every capped request is now for slots free when it is sent."""
+    from venturi._producer import Producer
+
+    monkeypatch.setattr(Producer, "_prefetch_depth", lambda self: 4)  # a warmed-up worker
+    store = queue.store
+    worker = Worker(None, store, concurrency=1, shutdown_timeout=1)
+    sent: list[tuple[list[str] | None, int, int]] = []  # kinds, limit, slots free then
+    real_claim = store.claim
+
+    async def claim(**kwargs: Any) -> Any:
+        runner = worker._runner
+        assert runner is not None
+        sent.append((kwargs["kinds"], kwargs["limit"], runner.free - len(runner.buffer)))
+        return await real_claim(**kwargs)
+
+    monkeypatch.setattr(store, "claim", claim)
+
+    started, release = asyncio.Event(), asyncio.Event()
+
+    async def hold(task: CappedA, ctx: Context[None], app: None) -> Outcome:
+        started.set()
+        await release.wait()  # the one slot is taken while the round goes on
+        return Outcome.completed()
+
+    async def handle(task: CappedB, ctx: Context[None], app: None) -> Outcome:
+        return Outcome.completed()
+
+    worker.register(CappedA, hold, cap=1)
+    worker.register(CappedB, handle, cap=1)
+    ids = [await queue.enqueue(CappedA(0)), await queue.enqueue(CappedB(0))]
+    async with running(worker):
+        await asyncio.wait_for(started.wait(), 30)
+        release.set()
+        for job_id in ids:
+            await until_status(queue, job_id, JobStatus.COMPLETED)
+    capped = [(kinds, limit, free) for kinds, limit, free in sent if kinds is not None]
+    assert capped, sent
+    assert all(limit <= free for _, limit, free in capped), capped
