@@ -124,9 +124,6 @@ class Producer:
         self.stopping = False
         self._claiming = False
         """The loop is claiming (or reconciling before a claim): cut off, it may commit."""
-        self._stop = asyncio.Event()
-        """Set by `stop()`: ends every wait of the loop (a full worker's wait for a freed slot
-        too, which a notification must not end)."""
         self._pauses_stale = True
         """The pauses of our queues may have changed: re-read when the next one ends."""
         self._resume_at: float | None = None
@@ -240,9 +237,7 @@ class Producer:
             # With a run limit, a finished job may be what ends the run: look again then,
             # also when it finished during this round's reads (the runner is idle now, and
             # `slot_freed`, cleared at the round's start, is set: the wait ends at once).
-            waiters = [asyncio.ensure_future(self._stop.wait())]
-            if claimable:
-                waiters.append(asyncio.ensure_future(self.wake.wait()))
+            waiters = [asyncio.ensure_future(self.wake.wait())] if claimable else []
             full = runner.free <= 0
             capped = any(at_cap(k, self._caps, runner.running_by_kind) for k in kinds_all)
             if not claimable or full or capped or self._limits.any:
@@ -394,7 +389,10 @@ class Producer:
         lost server), or after a claim whose reply was lost, what the database says this
         worker holds and it does not is handed back (best effort: the database may be away)."""
         self.stopping = True
-        self._stop.set()
+        # Whichever the loop waits for: a notification, or (no room to claim) a freed slot,
+        # which a notification must not end.
+        self.wake.set()
+        self._runner.slot_freed.set()
         if not loop_task.done():
             await asyncio.wait({loop_task}, timeout=CLAIM_STOP_WAIT)
         if not loop_task.done():
