@@ -31,6 +31,7 @@ import contextlib
 import logging
 import math
 import uuid
+from collections import Counter
 from collections.abc import Callable, Collection
 
 from venturi import logs
@@ -55,6 +56,9 @@ LAST_ATTEMPT = "the worker stopped during the last attempt"
 """How a job whose worker died during its last attempt fails for good."""
 EXPIRY_SLACK = 0.05
 """Seconds past the earliest expiry before looking, so the lease is surely over."""
+WARN_EACH = 10
+"""Recovered jobs logged one WARNING each per sweep; the rest of a sweep's (a killed worker
+held a thousand prefetched jobs) at INFO each, under one WARNING that counts them by kind."""
 
 
 def decide_recoveries(stale: list[StaleJob], policy: Policy) -> list[Recovery]:
@@ -168,10 +172,20 @@ class Rescuer:
                 worker=self._worker,
                 hook_lease_s=self._hook_lease_s,
             )
-            for r in recovered:
+            if len(recovered) > WARN_EACH:
+                kinds = Counter(r.kind for r in recovered)
+                logger.warning(
+                    "%d jobs recovered after their leases expired (%s); each is logged, the "
+                    "first %d as warnings, the others at info",
+                    len(recovered),
+                    ", ".join(f"{kind}: {n}" for kind, n in kinds.most_common()),
+                    WARN_EACH,
+                )
+            for i, r in enumerate(recovered):
                 if r.status is JobStatus.DEAD and self._on_dead is not None:
                     self._on_dead(r)
-                logger.warning(
+                logger.log(
+                    logging.WARNING if i < WARN_EACH else logging.INFO,
                     "job %s (%s) recovered after its lease expired: now %s",
                     r.id,
                     r.kind,

@@ -233,6 +233,41 @@ async def test_an_idle_worker_recovers_a_dead_workers_job_right_after_its_lease(
     assert 1.0 <= after < 2.0  # the lease (1 s) plus at most a second
 
 
+async def test_many_jobs_recovered_at_once_are_summed_up_in_one_warning(
+    queue: Queue, store: PostgresStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A killed worker that held many jobs (prefetched, say: a thousand) left a WARNING per
+    job in every rescuer's log. Each is still logged, the first ten as warnings and the
+    rest at info, under one warning that counts them by kind."""
+    caplog.set_level(logging.INFO, logger="venturi")
+    worker = Worker(None, store, concurrency=1, poll_max=30)
+    worker.register(Ping, done)
+    async with running(worker):
+        await queue.enqueue_many(Pong(n) for n in range(13))  # a kind this worker does not run
+        claimed = await store.claim(
+            queues=["default"],
+            kinds=[Pong.KIND],
+            limit=13,
+            worker="dead:1#0000",
+            pod=None,
+            default_lease_s=0.5,
+        )
+        assert len(claimed) == 13
+
+        async def all_recovered() -> bool:
+            stats = await queue.stats()
+            return stats.claimed == 0
+
+        await until(all_recovered, limit=10)
+    each = [r for r in caplog.records if "recovered after its lease expired: now" in r.message]
+    assert [r.levelno for r in each] == [logging.WARNING] * 10 + [logging.INFO] * 3
+    (summary,) = [r for r in caplog.records if "jobs recovered after their leases" in r.message]
+    assert summary.levelno == logging.WARNING
+    assert summary.getMessage().startswith(
+        f"13 jobs recovered after their leases expired ({Pong.KIND}: 13)"
+    )
+
+
 async def test_a_worker_taking_one_job_at_a_time_announces_about_once_per_lease(
     queue: Queue, store: PostgresStore, pg_dsn: str
 ) -> None:
