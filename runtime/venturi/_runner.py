@@ -415,9 +415,12 @@ class Runner:
         )
         held.stop(CancelReason.LEASE_LOST, f"aborted: {why}")
 
-    async def drain(self, *, graceful: bool, shutdown_timeout: float) -> None:
+    async def drain(
+        self, *, graceful: bool, shutdown_timeout: float, hurry: asyncio.Event | None = None
+    ) -> None:
         """Hand back prefetched jobs, ask running ones to wind down, wait up to the grace
-        period, abort and release stragglers, and give up on handlers that ignore even that."""
+        period (or until `hurry` is set), abort and release stragglers, and give up on
+        handlers that ignore even that."""
         self.stopping = True
         if self._skips:  # (no new one starts now: `_skip` hands members back)
             # One statement each, normally quick; through an outage or behind a lock, cut
@@ -443,7 +446,16 @@ class Runner:
             held.cancellation.request(CancelReason.SHUTDOWN)
         tasks = [h.task for h in self.running.values() if h.task is not None]
         if graceful and shutdown_timeout > 0:
-            _, pending = await asyncio.wait(tasks, timeout=shutdown_timeout)
+            ended = asyncio.ensure_future(asyncio.wait(tasks, timeout=shutdown_timeout))
+            hurried = asyncio.ensure_future((hurry or asyncio.Event()).wait())
+            try:
+                await asyncio.wait({ended, hurried}, return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                ended.cancel()
+                hurried.cancel()
+            if hurry is not None and hurry.is_set():
+                logger.warning("shutdown: told to stop now; aborting the running jobs")
+            pending = {t for t in tasks if not t.done()}
         else:
             pending = {t for t in tasks if not t.done()}
         stragglers = [h for h in self.running.values() if h.task in pending]

@@ -773,14 +773,33 @@ class _Waiting:
     is unreachable (down, restarting, out of connections, a name not resolving yet) is
     waited for, logged once when the wait begins and once when it ends; an error waiting
     cannot mend (credentials, a missing database or schema, a bug) raises at once. SIGTERM
-    and SIGINT set `stop` from the start (the worker's shutdown once it runs)."""
+    and SIGINT set `stop` from the start (the worker's shutdown once it runs); a second one
+    calls `hurry` (the worker's `stop_now`: its running jobs aborted at once)."""
 
     def __init__(self) -> None:
         self._since: float | None = None
         self.stop = asyncio.Event()
+        self.hurry: Callable[[], None] | None = None
+        self.fields: dict[str, str] = {}
+        """Fields of the records it logs (the worker's, once it runs)."""
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self.stop.set)
+            loop.add_signal_handler(sig, self._signalled, sig)
+
+    def _signalled(self, sig: signal.Signals) -> None:
+        with logs.bound(self.fields):
+            if not self.stop.is_set():
+                self.stop.set()
+                if self.hurry is not None:
+                    logger.info(
+                        "worker: %s: stopping; running jobs get the shutdown timeout to end "
+                        "(a second signal aborts them now)",
+                        sig.name,
+                    )
+                return
+            if self.hurry is not None:
+                logger.warning("worker: %s again: aborting the running jobs now", sig.name)
+                self.hurry()
 
     async def run(self, step: str, attempt: Callable[[], Awaitable[_T]]) -> _T:
         delay = 0.0
@@ -862,6 +881,8 @@ async def _worker(args: argparse.Namespace, store: PostgresStore, waiting: _Wait
     # This process ends with run() (below), and a handler given up on with it: its job can
     # be released at once instead of left to its lease.
     built._exits_with_run = True
+    waiting.hurry = built.stop_now
+    waiting.fields = {"worker": str(built.identity)}
     shutdown = waiting.stop  # SIGTERM and SIGINT, since the process started
     # Every task the worker starts inherits the field: each of its records names it.
     with logs.bound({"worker": str(built.identity)}):

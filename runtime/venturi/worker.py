@@ -21,7 +21,6 @@ venturi ends `run()`, with its traceback.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import os
@@ -51,7 +50,6 @@ from venturi._runner import Runner
 from venturi._scheduler import Scheduler
 from venturi._settings import DEFAULT_QUEUE, check_queue_name, worker_settings
 from venturi._shown import shown
-from venturi._timeouts import wait_for
 from venturi._undertaker import Reporter, Undertaker, check_hook
 from venturi.backoff import DEFAULT_BACKOFF, Backoff, Seconds, to_seconds
 from venturi.codec import DEFAULT_CODEC, Codec
@@ -235,6 +233,8 @@ class Worker(Generic[AppT]):
         self.notifier: Notifier | None = None
         self.ready = asyncio.Event()
         """Set once the worker listens and claims (tests and health checks await it)."""
+        self._hurried = asyncio.Event()
+        """Set by `stop_now()`: shut down without (the rest of) the grace period."""
 
     @property
     def queue(self) -> str:
@@ -310,6 +310,14 @@ class Worker(Generic[AppT]):
         beside them); a process should exit without awaiting them (`asyncio.run` would wait
         for them forever). `venturi worker` does, and releases their jobs as it ends."""
         return self._runner.abandoned if self._runner is not None else 0
+
+    def stop_now(self) -> None:
+        """Shut down without waiting for the running handlers: as setting `run()`'s shutdown
+        event, but the handlers are asked to stop and aborted at once (their jobs released,
+        as at the end of the grace period) instead of after `shutdown_timeout`. During a
+        graceful shutdown under way, it cuts what is left of the grace period. `venturi
+        worker` calls it on a second SIGTERM or Ctrl-C."""
+        self._hurried.set()
 
     # -- running ---------------------------------------------------------------------
 
@@ -472,7 +480,7 @@ class Worker(Generic[AppT]):
         ]
         claim_loop: asyncio.Task[None] | None = None
         stop = asyncio.create_task(
-            _until(shutdown or asyncio.Event(), deadline), name="venturi-shutdown"
+            _until(shutdown or asyncio.Event(), deadline, self._hurried), name="venturi-shutdown"
         )
         graceful = True
         try:
@@ -528,7 +536,11 @@ class Worker(Generic[AppT]):
             # A stopping worker leads nothing: it resigns now (the next leader need not wait
             # out its lease) and stands for no term during its grace period.
             resigning = asyncio.create_task(maintainer.close())
-            await runner.drain(graceful=graceful, shutdown_timeout=self.shutdown_timeout)
+            await runner.drain(
+                graceful=graceful and not self._hurried.is_set(),
+                shutdown_timeout=self.shutdown_timeout,
+                hurry=self._hurried,
+            )
             if not completer_task.done():
                 await completer.close(until=closing_by)
             # The failure steps of the last deaths, too (what is cut short runs elsewhere).
@@ -569,7 +581,7 @@ class Worker(Generic[AppT]):
         if shutdown is None and deadline is None:
             await check
             return True
-        stopped = asyncio.create_task(_until(shutdown or asyncio.Event(), deadline))
+        stopped = asyncio.create_task(_until(shutdown or asyncio.Event(), deadline, self._hurried))
         try:
             await asyncio.wait({check, stopped}, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -671,10 +683,14 @@ async def _all(*waits: Awaitable[Any]) -> None:
     await asyncio.gather(*waits)
 
 
-async def _until(shutdown: asyncio.Event, deadline: float | None) -> None:
-    """Until `shutdown` is set, or `deadline` seconds have passed."""
-    with contextlib.suppress(TimeoutError):
-        await wait_for(shutdown.wait(), deadline)
+async def _until(shutdown: asyncio.Event, deadline: float | None, hurried: asyncio.Event) -> None:
+    """Until `shutdown` or `hurried` is set, or `deadline` seconds have passed."""
+    waits = {asyncio.ensure_future(shutdown.wait()), asyncio.ensure_future(hurried.wait())}
+    try:
+        await asyncio.wait(waits, timeout=deadline, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for w in waits:
+            w.cancel()
 
 
 def _limits(once: bool, stop_when_empty: bool, max_jobs: int | None) -> RunLimits:

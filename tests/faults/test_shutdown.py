@@ -275,3 +275,38 @@ async def test_a_run_whose_timeout_passes_in_the_grace_period_and_is_abandoned_f
     assert [e.outcome for e in journal] == ["failed"], journal
     job = await queue.job(job_id)
     assert job is not None and job.failures == 1
+
+
+async def test_stop_now_cuts_the_grace_period_short(store: PostgresStore) -> None:
+    """A shutdown under way waits up to `shutdown_timeout` (10 minutes here) for a handler
+    that ignores the cooperative cancel; `stop_now()` aborts it at once; and alone, it shuts
+    down without any grace. The job is released both ways."""
+    for how in ("after-the-shutdown", "alone"):  # a queue each
+        started, asked = asyncio.Event(), asyncio.Event()
+
+        async def handle(
+            task: Work,
+            ctx: Context[None],
+            app: None,
+            started: asyncio.Event = started,
+            asked: asyncio.Event = asked,
+        ) -> Outcome:
+            started.set()
+            await ctx.cancelled()
+            asked.set()
+            await asyncio.sleep(3600)  # and ignores it: only an abort ends it
+            return Outcome.completed()
+
+        queue = Queue(store, queue=how)
+        job_id = await queue.enqueue(Work(0, 0))
+        worker: Worker[None] = Worker(None, store, queue=how, concurrency=1, shutdown_timeout=600)
+        worker.register(Work, handle)
+        shutdown = asyncio.Event()
+        running_worker = asyncio.create_task(worker.run(shutdown))
+        await asyncio.wait_for(started.wait(), 30)
+        if how == "after-the-shutdown":
+            shutdown.set()
+            await asyncio.wait_for(asked.wait(), 30)  # the grace period has begun
+        worker.stop_now()
+        await asyncio.wait_for(running_worker, 30)
+        assert [e.outcome for e in await queue.job_journal(job_id)] == ["released"], how

@@ -73,3 +73,20 @@ def make_metrics_worker(store: PostgresStore) -> Worker[None]:
     worker = Worker(None, store, concurrency=1, metrics_port=int(os.environ["METRICS_PORT"]))
     worker.register(Echo, echo)
     return worker
+
+
+@dataclass
+class Nap(Task):
+    KIND = "nap"
+
+
+async def nap(task: Nap, ctx: Context[None], app: None) -> Outcome:
+    await asyncio.sleep(3600)  # deaf to the cooperative cancel; an abort ends it
+    return Outcome.completed()
+
+
+def make_napping_worker(store: PostgresStore) -> Worker[None]:
+    """A handler that winds down only when aborted, under a grace period of 10 minutes."""
+    worker = Worker(None, store, concurrency=1, shutdown_timeout=600)
+    worker.register(Nap, nap)
+    return worker

@@ -21,7 +21,7 @@ import pytest
 from venturi import JobStatus, PostgresStore, Queue
 from venturi.embedded import EmbeddedPostgres
 
-from .cli_app import Boom, Echo
+from .cli_app import Boom, Echo, Nap
 from .helpers import until_status
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -109,9 +109,11 @@ def test_missing_and_unreachable_database_are_one_line() -> None:
     assert bad_prefix.returncode == 2 and "invalid table prefix" in bad_prefix.stderr
 
 
-async def worker_process(dsn: str, prefix: str) -> asyncio.subprocess.Process:
-    """`venturi worker tests.runtime.cli_app:make_worker` on `dsn` and `prefix`, its stderr
-    piped (none of the test run's VENTURI_ or PG settings leak into it)."""
+async def worker_process(
+    dsn: str, prefix: str, factory: str = "tests.runtime.cli_app:make_worker"
+) -> asyncio.subprocess.Process:
+    """`venturi worker tests.runtime.cli_app:make_worker` (or `factory`) on `dsn` and
+    `prefix`, its stderr piped (none of the test run's VENTURI_ or PG settings leak into it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("VENTURI_", "PG"))}
     env |= {"VENTURI_DSN": dsn, "VENTURI_PREFIX": prefix}
     return await asyncio.create_subprocess_exec(
@@ -119,7 +121,7 @@ async def worker_process(dsn: str, prefix: str) -> asyncio.subprocess.Process:
         "-m",
         "venturi",
         "worker",
-        "tests.runtime.cli_app:make_worker",
+        factory,
         cwd=ROOT,
         env=env,
         stderr=asyncio.subprocess.PIPE,
@@ -154,6 +156,31 @@ async def test_worker_command_runs_and_stops_gracefully_on_sigterm(
     assert proc.stderr is not None
     stderr = (await proc.stderr.read()).decode()
     assert "serving ['echo']" in stderr
+
+
+async def test_a_second_signal_aborts_the_running_jobs_at_once(queue: Queue, pg_dsn: str) -> None:
+    """SIGTERM gives the running jobs the shutdown timeout (10 minutes here); a second
+    signal (a Ctrl-C after it, as with Celery's cold shutdown) aborts them now: the job is
+    released, the process exits 0. It had no effect: the worker waited the whole grace."""
+    proc = await worker_process(
+        pg_dsn, queue.store.prefix, factory="tests.runtime.cli_app:make_napping_worker"
+    )
+    assert proc.stderr is not None
+    try:
+        job_id = await queue.enqueue(Nap())
+        await until_status(queue, job_id, JobStatus.CLAIMED)
+        proc.send_signal(signal.SIGTERM)
+        while b"SIGTERM: stopping" not in await asyncio.wait_for(proc.stderr.readline(), 30):
+            pass
+        proc.send_signal(signal.SIGINT)
+        assert await asyncio.wait_for(proc.wait(), timeout=30) == 0
+    finally:
+        await reap(proc)
+    assert "SIGINT again: aborting the running jobs now" in (await proc.stderr.read()).decode()
+    [entry] = await queue.job_journal(job_id)
+    assert entry.outcome == "released"
+    job = await queue.job(job_id)
+    assert job is not None and job.status is JobStatus.PENDING
 
 
 async def test_worker_command_waits_for_a_database_not_up_yet(pg_dsn: str) -> None:
@@ -349,7 +376,7 @@ async def test_worker_logs_json_lines_and_never_the_password(queue: Queue, pg_ds
     assert out == ""
     records = json_lines(err)
 
-    [serving] = [r for r in records if r["logger"] == "venturi.cli"]
+    [serving] = [r for r in records if r["logger"] == "venturi.cli" and "serving" in r["message"]]
     worker = serving["worker"]
     assert serving["message"] == f"worker {worker} serving ['echo', 'boom'] from ['default']"
     assert {"venturi.worker"} <= {r["logger"] for r in records}
