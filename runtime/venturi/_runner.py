@@ -45,7 +45,7 @@ CANCELLED_BATCH_MEMORY = 600.0
 after the cancellation's notice (a claim that committed before the cancellation)."""
 ABANDON_AFTER = 1.0
 """Seconds a handler gets to stop once its task is cancelled at shutdown; one that ignores
-the cancellation is then abandoned (its job released) so that shutdown ends."""
+the cancellation is then abandoned so that shutdown ends (see `Runner.release_abandoned`)."""
 SKIP_WAIT = 2.0
 """Seconds a shutdown waits for the skips of a cancelled batch's members in flight (one
 statement each) before it cuts them off and hands their members back."""
