@@ -477,25 +477,19 @@ class Runner:
         self._forget(held)
         if held.task is not None:
             self._abandoned.append(held.task)
-        if not self.release_abandoned:
-            logger.error(
-                "shutdown: job %s (%s): the handler ignored cancellation for %.0fs; given up "
-                "on, its job left claimed: the handler may still be running in this process, "
-                "so the job is recovered when its lease ends, not run elsewhere beside it",
-                logs.ShownId(job.id),
-                job.kind,
-                ABANDON_AFTER,
-                extra=logs.job_fields(job.id, job.kind, job.queue, job.run_count),
-            )
-            return
         logger.error(
-            "shutdown: job %s (%s): the handler ignored cancellation for %.0fs; released "
-            "without it (the process ends with the worker, and the handler with it)",
+            "shutdown: job %s (%s): the handler ignored cancellation for %.0fs; %s",
             logs.ShownId(job.id),
             job.kind,
             ABANDON_AFTER,
+            "released without it (the process ends with the worker, and the handler with it)"
+            if self.release_abandoned
+            else "given up on, its job left claimed: the handler may still be running in this "
+            "process, so the job is recovered when its lease ends, not run elsewhere beside it",
             extra=logs.job_fields(job.id, job.kind, job.queue, job.run_count),
         )
+        if not self.release_abandoned:
+            return
         # Buffered synchronously: the completer's close() flushes it. A run past its timeout
         # (before the shutdown or during its grace period) is a failed execution, as it would
         # have been had it exited: a release would never count it as an attempt (redeployed

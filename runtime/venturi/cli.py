@@ -885,7 +885,7 @@ async def _worker(args: argparse.Namespace, store: PostgresStore, waiting: _Wait
     waiting.fields = {"worker": str(built.identity)}
     shutdown = waiting.stop  # SIGTERM and SIGINT, since the process started
     # Every task the worker starts inherits the field: each of its records names it.
-    with logs.bound({"worker": str(built.identity)}):
+    with logs.bound(waiting.fields):
         logger.info("worker %s serving %s from %s", built.identity, built.kinds, list(built.queues))
         await built.run(
             shutdown,

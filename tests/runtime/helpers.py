@@ -99,16 +99,19 @@ async def claim(
     kinds: list[str] | None = None,
     pod: str | None = None,
     traced: bool = False,
+    worker: str = "w",
+    lease_s: float = 60,
 ) -> list[ClaimedJob]:
-    """Claim up to `n` jobs of `queue` (`kinds`, None: every kind) as worker "w", with a
-    60 s lease, as a worker's claim loop would: the store's own claim, no worker around it."""
+    """Claim up to `n` jobs of `queue` (`kinds`, None: every kind) as `worker`, with a lease
+    of `lease_s`, as a worker's claim loop would: the store's own claim, no worker around it
+    (a worker that then dies, for recovery tests)."""
     return await store.claim(
         queues=[queue],
         kinds=kinds,
         limit=n,
-        worker="w",
+        worker=worker,
         pod=pod,
-        default_lease_s=60,
+        default_lease_s=lease_s,
         traced=traced,
     )
 

@@ -45,7 +45,7 @@ from venturi._executor import Policy, _unrecordable
 from venturi._outage import REFUSALS, Outage
 from venturi._records import Settlement
 
-from .helpers import running, until, until_status
+from .helpers import claim, running, until, until_status
 
 
 @pytest.fixture
@@ -68,6 +68,10 @@ class Ping(Task):
 class Pong(Task):
     KIND = "outages.pong"
     n: int = 0
+
+
+DEAD = "dead:1#0000"
+"""The worker a test's own claim names: it never renews, so its leases expire."""
 
 
 async def done(task: Task, ctx: Context[None], app: None) -> Outcome:
@@ -221,14 +225,7 @@ async def test_an_idle_worker_recovers_a_dead_workers_job_right_after_its_lease(
     async with running(worker):
         await asyncio.sleep(0.2)  # let B's rescuer take its first look (nothing claimed)
         await queue.enqueue(Pong())  # a kind B does not run: only the dead worker claims it
-        (claimed,) = await store.claim(
-            queues=["default"],
-            kinds=[Pong.KIND],
-            limit=1,
-            worker="dead:1#0000",
-            pod=None,
-            default_lease_s=1.0,
-        )
+        (claimed,) = await claim(store, 1, kinds=[Pong.KIND], worker=DEAD, lease_s=1.0)
         after = await recovered_after(store, pool, claimed.id)
     assert 1.0 <= after < 2.0  # the lease (1 s) plus at most a second
 
@@ -244,14 +241,7 @@ async def test_many_jobs_recovered_at_once_are_summed_up_in_one_warning(
     worker.register(Ping, done)
     async with running(worker):
         await queue.enqueue_many(Pong(n) for n in range(13))  # a kind this worker does not run
-        claimed = await store.claim(
-            queues=["default"],
-            kinds=[Pong.KIND],
-            limit=13,
-            worker="dead:1#0000",
-            pod=None,
-            default_lease_s=0.5,
-        )
+        claimed = await claim(store, 13, kinds=[Pong.KIND], worker=DEAD, lease_s=0.5)
         assert len(claimed) == 13
 
         async def all_recovered() -> bool:
@@ -314,11 +304,11 @@ async def test_a_lease_claimed_after_an_announced_one_is_recovered_right_after_i
         await asyncio.sleep(0.2)  # let B's rescuer take its first look (nothing claimed)
         await queue.enqueue(Pong(1))
         await queue.enqueue(Pong(2))
-        claim = functools.partial(
-            store.claim, queues=["default"], kinds=[Pong.KIND], limit=1, worker="dead:1#0000"
+        dead_claim = functools.partial(
+            store.claim, queues=["default"], kinds=[Pong.KIND], limit=1, worker=DEAD
         )
-        (first,) = await claim(pod=None, default_lease_s=1.0)
-        (second,) = await claim(pod=None, default_lease_s=1.5, held_lease_s=0.9)
+        (first,) = await dead_claim(pod=None, default_lease_s=1.0)
+        (second,) = await dead_claim(pod=None, default_lease_s=1.5, held_lease_s=0.9)
         after = await recovered_after(store, pool, second.id)
     assert first.lease_s == 1.0 and second.lease_s == 1.5
     assert 1.5 <= after < 2.5  # its lease (1.5 s) plus at most a second
